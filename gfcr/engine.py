@@ -1,0 +1,128 @@
+"""The engine protocol: what the loop needs from a generator, whatever backs it.
+
+An engine turns token-id requests into completions, in *segments*: after every segment of
+``SamplingParams.segment_tokens`` new tokens it shows the in-flight sequences to a hook,
+which may stop (abort, keep as partial) or prune any of them. A request that carries
+``prefix_ids`` continues a partial rollout from those tokens instead of starting afresh.
+Engines also own the tokenizer and the policy version, which advances on every weight
+update. gfcr knows no concrete engine; ``stages/engines`` has the HF transformers one and
+the vLLM one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """How to sample. Per-request ``max_tokens`` in a :class:`GenRequest` overrides it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    """0 means greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(32, ge=1)
+    stop: tuple[str, ...] = ()
+    """Generation of a sequence ends after it produces any of these strings."""
+    segment_tokens: int = Field(16, ge=1)
+    """Tokens generated between two calls of the in-flight hook."""
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One sequence to generate: a prompt, optionally continuing earlier tokens."""
+
+    key: int
+    """Caller's handle; results and hook views carry it back."""
+    prompt_ids: list[int]
+    prefix_ids: list[int] = field(default_factory=list)
+    """Completion tokens already generated (a partial rollout being continued)."""
+    prefix_logprobs: list[float] = field(default_factory=list)
+    max_tokens: int | None = None
+    """Total completion length cap, prefix included; None means SamplingParams.max_tokens."""
+
+
+@dataclass
+class GenOutput:
+    """A finished (or stopped) sequence. ``completion_ids`` includes the prefix."""
+
+    key: int
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length", "aborted", "pruned"]
+    version_start: int
+    version_end: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Inflight:
+    """What an in-flight hook sees of one unfinished sequence after a segment."""
+
+    key: int
+    completion_ids: list[int]
+    logprobs: list[float]
+    new_tokens: int
+    """Tokens generated so far in this call (the prefix not counted)."""
+
+
+Decision = Literal["continue", "stop", "prune"]
+"""stop: end the sequence and keep it as a partial rollout; prune: end and discard it."""
+
+SegmentHook = Callable[[list[Inflight]], dict[int, Decision]]
+"""Called after each segment with the unfinished sequences; returns decisions by key.
+Keys not in the result continue."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generator the loop can drive. Implementations live in ``stages/engines``."""
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights in use; advances with every update."""
+        ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams,
+                 on_segment: SegmentHook | None = None) -> list[GenOutput]:
+        """Generate every request; outputs in request order."""
+        ...
+
+    def update_weights(self, state: Any | None = None) -> int:
+        """Load new weights (None: the shared in-process module already changed) and
+        advance the version; returns the new version."""
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """The little of a tokenizer the runtime needs."""
+
+    eos_token_id: int
+    pad_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class Policy:
+    """The trainable policy, shared in-process by the HF engine and the learner.
+
+    ``model`` is a causal LM with the transformers call convention
+    (``model(input_ids=..., attention_mask=...).logits``).
+    """
+
+    model: Any
+    tokenizer: Tokenizer
+    version: int = 0

@@ -1,0 +1,137 @@
+"""The rollout schema, declared once.
+
+Every stage sees and returns Arrow tables in ``ROLLOUT_SCHEMA`` (plus the extra columns it
+declares); the store persists exactly these columns. A row is one trajectory from a prompt
+to termination, or a segment of one (a partial rollout continued later points at its
+predecessor through ``parent_id``). Rows are never deleted by a filter: a dropped rollout
+keeps its row with ``kept = false`` and the name of the stage and the reason.
+
+Column names are reached through :data:`col` so a typo is an ``AttributeError``, not a
+silently missing column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import pyarrow as pa
+
+FinishReason = Literal["stop", "length", "aborted", "pruned"]
+Status = Literal["complete", "partial", "pruned"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its Arrow type, whether it may be null, and what it means."""
+
+    name: str
+    type: pa.DataType
+    nullable: bool
+    doc: str
+
+
+_IDS = pa.list_(pa.int32())
+
+COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), False, "Pipeline run that produced the row."),
+    Column("step", pa.int64(), False, "Loop step at which the row was committed (0-based)."),
+    Column("rollout_id", pa.string(), False, "Unique id of this trajectory or segment."),
+    Column("prompt_id", pa.string(), False, "Stable hash of (task, prompt); see prompt_id()."),
+    Column("group_id", pa.string(), False, "Samples of one prompt drawn together share it."),
+    Column("sample_idx", pa.int32(), False, "Index of the sample inside its group."),
+    Column("parent_id", pa.string(), True, "Rollout this one continues or branches from."),
+    Column("task", pa.string(), False, "Task (dataset) name the prompt came from."),
+    Column("prompt", pa.string(), False, "Prompt text as given to the policy."),
+    Column("answer", pa.string(), True, "Reference answer, when the task has one."),
+    Column("meta", pa.string(), True, "Task metadata as JSON (what the task's scorer needs)."),
+    Column("completion", pa.string(), False, "Generated text (without the prompt)."),
+    Column("prompt_ids", _IDS, False, "Prompt token ids."),
+    Column("completion_ids", _IDS, False, "Generated token ids, including any continued prefix."),
+    Column("logprobs", pa.list_(pa.float32()), False,
+           "Behaviour-policy log-probability of each completion token (same length)."),
+    Column("policy_version_start", pa.int64(), False, "Policy version of the first token."),
+    Column("policy_version_end", pa.int64(), False, "Policy version of the last token."),
+    Column("finish_reason", pa.string(), False, "stop | length | aborted | pruned."),
+    Column("status", pa.string(), False, "complete | partial (to be continued) | pruned."),
+    Column("reward", pa.float64(), True, "Scalar reward used for training; null before scoring."),
+    Column("rewards", pa.map_(pa.string(), pa.float64()), True,
+           "One entry per verifier or reward component."),
+    Column("score_error", pa.string(), True, "Error raised by a scorer on this rollout, if any."),
+    Column("advantage", pa.float64(), True, "Advantage the trainer used; null if not trained on."),
+    Column("kept", pa.bool_(), False, "False once a filter dropped the row."),
+    Column("dropped_by", pa.string(), True, "Name of the stage that dropped the row."),
+    Column("drop_reason", pa.string(), True, "Why that stage dropped it."),
+    Column("consumed_at_step", pa.int64(), True, "Step whose update trained on the row."),
+    Column("replay_count", pa.int32(), False, "How many times the row was replayed."),
+    Column("n_tokens", pa.int32(), False, "len(completion_ids)."),
+    Column("gen_seconds", pa.float64(), False, "Wall time spent generating the row's tokens."),
+    Column("created_at", pa.timestamp("us", tz="UTC"), False, "When the row was generated."),
+)
+
+ROLLOUT_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
+"""The Arrow schema of a rollout table."""
+
+col = SimpleNamespace(**{c.name.upper(): c.name for c in COLUMNS})
+"""Column names as attributes: ``col.PROMPT_ID == "prompt_id"``."""
+
+PROMPT_COLUMNS = frozenset({col.PROMPT_ID, col.TASK, col.PROMPT, col.ANSWER, col.META})
+"""Columns a prompt table (what Replay.select returns) carries."""
+
+PROMPT_SCHEMA = pa.schema([ROLLOUT_SCHEMA.field(c) for c in
+                           (col.PROMPT_ID, col.TASK, col.PROMPT, col.ANSWER, col.META)])
+"""The Arrow schema of a prompt table."""
+
+
+def prompt_id(task: str, prompt: str) -> str:
+    """Stable id of a prompt: the same task and text always give the same id."""
+    return hashlib.sha256(f"{task}\x00{prompt}".encode()).hexdigest()[:16]
+
+
+def empty_rollouts() -> pa.Table:
+    """A rollout table with no rows."""
+    return ROLLOUT_SCHEMA.empty_table()
+
+
+def conform(table: pa.Table, *, where: str = "table") -> pa.Table:
+    """Return ``table`` with the schema's columns first, in schema order and types.
+
+    Extra columns a pipeline declared are kept after them. Raises ``SchemaError`` naming
+    every missing column and every column whose type cannot be cast.
+    """
+    problems: list[str] = []
+    arrays: list[pa.ChunkedArray] = []
+    for field in ROLLOUT_SCHEMA:
+        if field.name not in table.column_names:
+            problems.append(f"missing column {field.name!r} ({field.type})")
+            continue
+        arrays.append(_cast(table.column(field.name), field, problems))
+    if problems:
+        raise SchemaError(f"{where} does not match the rollout schema: " + "; ".join(problems))
+    extra = [n for n in table.column_names if n not in ROLLOUT_SCHEMA.names]
+    names = ROLLOUT_SCHEMA.names + extra
+    return pa.table(arrays + [table.column(n) for n in extra], names=names)
+
+
+def _cast(column: pa.ChunkedArray, field: pa.Field, problems: list[str]) -> pa.ChunkedArray:
+    if column.type != field.type:
+        try:
+            column = column.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            problems.append(f"column {field.name!r} has type {column.type}, expected {field.type}")
+            return column
+    if not field.nullable and column.null_count:
+        problems.append(f"column {field.name!r} has {column.null_count} null value(s)")
+    return column
+
+
+class SchemaError(ValueError):
+    """A table does not fit ROLLOUT_SCHEMA; the message names each offending column."""
+
+
+def describe() -> list[dict[str, Any]]:
+    """The schema as rows (name, type, nullable, doc), for docs and ``gfcr schema``."""
+    return [{"name": c.name, "type": str(c.type), "nullable": c.nullable, "doc": c.doc}
+            for c in COLUMNS]
