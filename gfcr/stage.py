@@ -77,7 +77,7 @@ class StepContext:
     step: int
     seed: int
     policy_version: int
-    source: "PromptSource"
+    task: "Task"
     history: Any = None
     """A store.History reader (as of this step), or None when the run has no store."""
     _rng: dict[str, np.random.Generator] = field(default_factory=dict, repr=False)
@@ -91,15 +91,9 @@ class StepContext:
 
 
 @runtime_checkable
-class PromptSource(Protocol):
-    """The training prompts of a task, as a prompt table (PROMPT_SCHEMA)."""
-
-    def prompts(self) -> pa.Table: ...
-
-
-@runtime_checkable
 class Task(Protocol):
-    """A task component: training and held-out prompts, and a scorer for completions."""
+    """A task component: training and held-out prompts (PROMPT_SCHEMA tables), and a
+    scorer for completions."""
 
     def train_prompts(self) -> pa.Table: ...
 

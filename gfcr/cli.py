@@ -1,0 +1,181 @@
+"""The ``gfcr`` command: run pipelines, query the rollout store, list runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
+err = Console(stderr=True)
+out = Console()
+
+ROOT_HELP = "Run root: the store, MLflow database, caches (default .gfcr)."
+
+
+def _quiet_prefect(verbose: bool) -> None:
+    """Prefect reads its settings at import: set them before anything imports it."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@app.command()
+def run(
+    pipeline: str = typer.Argument("default", help="Registered name, .py or .yaml file."),
+    steps: Optional[int] = typer.Option(None, help="Override the pipeline's step count."),
+    set_: list[str] = typer.Option([], "--set", help="Override: stage.field=value (repeat)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    executor: str = typer.Option("prefect", help="prefect (default) or local."),
+    track: bool = typer.Option(True, help="Track the run in MLflow."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
+) -> None:
+    """Run a pipeline (the embedded default if none is named)."""
+    _quiet_prefect(verbose)
+    from gfcr.pipeline import PipelineError, load
+    from gfcr.run import execute
+
+    try:
+        spec = load(pipeline)
+        if set_:
+            spec = spec.with_overrides(set_)
+        if steps is not None:
+            spec = spec.with_overrides([f"steps={steps}"])
+    except PipelineError as e:
+        _fail(str(e))
+    if executor not in ("prefect", "local"):
+        _fail(f"--executor must be 'prefect' or 'local', got {executor!r}")
+    hooks: list[Any] = [_Progress(spec.steps, quiet=as_json)]
+    if track:
+        from gfcr.tracking import MlflowHook
+        hooks.append(MlflowHook())
+    summary = execute(spec, root=root, executor=executor, hooks=hooks)  # type: ignore[arg-type]
+    if as_json:
+        data = summary.as_dict()
+        data.pop("history")
+        print(json.dumps(data, default=str))
+    else:
+        _print_summary(summary)
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="A read-only SQL statement."),
+    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
+    fmt: str = typer.Option("table", "--format", help="table, csv or json."),
+) -> None:
+    """Query the rollout store (tables rollouts, steps, runs and the shipped views)."""
+    from store import RolloutStore, StoreError
+
+    try:
+        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
+            result = s.sql(query)
+    except (StoreError, ValueError) as e:
+        _fail(str(e))
+    except Exception as e:  # duckdb parser/binder errors: show them as they are
+        _fail(f"query failed: {e}")
+    _print_table(result, fmt)
+
+
+@app.command()
+def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+         fmt: str = typer.Option("table", "--format", help="table, csv or json.")) -> None:
+    """List the runs in the store."""
+    sql("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash FROM runs "
+        "ORDER BY started_at", root=root, store=None, fmt=fmt)
+
+
+@app.command()
+def show(pipeline: str = typer.Argument("default")) -> None:
+    """Print a pipeline as YAML (validated), with its spec hash."""
+    from gfcr.pipeline import PipelineError, load
+
+    try:
+        spec = load(pipeline)
+    except PipelineError as e:
+        _fail(str(e))
+    print(f"# spec hash {spec.spec_hash()}\n{spec.to_yaml()}", end="")
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def _print_table(table: Any, fmt: str) -> None:
+    rows = table.to_pylist()
+    if fmt == "json":
+        print(json.dumps(rows, default=str))
+    elif fmt == "csv":
+        import csv
+        writer = csv.DictWriter(sys.stdout, fieldnames=table.column_names)
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        view = Table(*table.column_names)
+        for row in rows:
+            view.add_row(*(str(v) for v in row.values()))
+        out.print(view)
+
+
+def _print_summary(s: Any) -> None:
+    view = Table(title=f"run {s.run_id}", show_header=False)
+    gain = 100 * (s.accuracy_after - s.accuracy_before)
+    for key, value in [
+        ("held-out accuracy", f"{s.accuracy_before:.1%} -> {s.accuracy_after:.1%} "
+                              f"({gain:+.1f} points)"),
+        ("rollouts stored", str(s.rollouts)), ("steps", str(s.steps)),
+        ("seconds", f"{s.seconds:.0f}"), ("store", s.store), ("mlflow", str(s.mlflow)),
+    ]:
+        view.add_row(key, value)
+    out.print(view)
+    out.print(f'query it:  gfcr sql "SELECT step, kept, dropped_by, avg(reward) FROM rollouts '
+              f"WHERE run_id = '{s.run_id}' GROUP BY ALL ORDER BY step\"")
+
+
+class _Progress:
+    """Rich progress on stderr: phases, then one bar over the steps."""
+
+    def __init__(self, steps: int, *, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                            disable=quiet)
+        self.task = self.bar.add_task("starting", total=steps)
+
+    def on_start(self, *, run_id: str, **_: Any) -> None:
+        self.bar.start()
+        self.bar.console.print(f"gfcr run [bold]{run_id}[/bold]")
+
+    def on_phase(self, *, phase: str, **_: Any) -> None:
+        self.bar.update(self.task, description=phase)
+
+    def on_eval(self, *, step: int, accuracy: float, **_: Any) -> None:
+        self.bar.console.print(f"held-out accuracy at step {step}: {accuracy:.1%}")
+
+    def on_step(self, *, step: int, metrics: dict[str, float], **_: Any) -> None:
+        self.bar.update(self.task, advance=1, description=(
+            f"step {step}  reward {metrics.get('reward_mean', float('nan')):.2f}  "
+            f"kept {metrics.get('kept', 0):.0f}/{metrics.get('rollouts', 0):.0f}"))
+
+    def on_end(self, **_: Any) -> None:
+        self.bar.stop()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""One GFCR step, as pure orchestration.
+
+::
+
+    prompts  = Replay.select(...)            # each select stage extends the choice
+    plan     = Control.allocate(prompts)     # samples and token budget per prompt
+    rollouts = Generate(plan, engine)        # Control.on_segment hooks between segments
+    rollouts = Filter...(rollouts)           # scores, then keep masks; rows never deleted
+    batch    = Replay.augment(kept)          # mix in reused rollouts
+    result   = Train.update(batch)           # advantages, loss, optimizer step; weights out
+    commit(run, step, everything)            # one transaction, exactly once
+
+The loop does no I/O of its own: every stage call goes through ``call(name, fn, *refs)``
+(the executor: a plain call, or a Prefect task named ``<stage>[step=N]``), and tables cross
+calls as references through a :class:`Stash`. Only complete rollouts reach filters and
+training; partial and pruned ones are committed with the reason they were not kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gfcr.engine import Decision, Engine, GenRequest, Inflight, SamplingParams
+from gfcr.pipeline import Pipeline
+from gfcr.rollout import PROMPT_SCHEMA, col, conform
+from gfcr.stage import FilterResult, Learner, StageSpec, StepContext, implements
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A staged table: what Prefect tasks pass instead of data."""
+
+    key: str
+    rows: int
+
+
+class Stash(Protocol):
+    """Where tables live between stage calls (files for Prefect, memory for tests)."""
+
+    def put(self, key: str, table: pa.Table) -> TableRef: ...
+
+    def get(self, ref: TableRef) -> pa.Table: ...
+
+
+Call = Callable[..., Any]
+"""``call(name, fn, *args)``: run ``fn(*args)`` as the task called ``name``."""
+
+
+class Committer(Protocol):
+    def __call__(self, run_id: str, step: int, rollouts: pa.Table, *,
+                 policy_version: int, metrics: dict[str, float]) -> Any: ...
+
+
+@dataclass
+class Runtime:
+    """What the loop drives: the pipeline and the live objects built from it."""
+
+    pipeline: Pipeline
+    task: Any
+    engine: Engine
+    learner: Learner | None
+    stash: Stash
+    commit: Committer | None = None
+    history: Callable[[int], Any] | None = None
+    """history(step) -> a History reader as of that step, for stages that query it."""
+
+
+@dataclass
+class StepReport:
+    """What one step did: metrics for tracking, and the committed table reference."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    rollouts: TableRef | None = None
+
+
+def context(rt: Runtime, run_id: str, step: int) -> StepContext:
+    history = rt.history(step) if rt.history else None
+    return StepContext(run_id=run_id, step=step, seed=rt.pipeline.seed,
+                       policy_version=rt.engine.version, task=rt.task, history=history)
+
+
+def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
+    """Run one step; every stage call goes through ``call``."""
+    started = time.perf_counter()
+    ctx = context(rt, run_id, step)
+    stages = rt.pipeline.stages
+    metrics: dict[str, float] = {}
+    ref = rt.stash.put(f"{step}/prompts", PROMPT_SCHEMA.empty_table())
+    for s in stages:
+        if s.kind == "replay" and implements(s, "select"):
+            ref = call(_name(s, step), _table_fn(rt, ctx, s, "select"), ref)
+    for s in stages:
+        if s.kind == "control" and implements(s, "allocate"):
+            ref = call(_name(s, step), _table_fn(rt, ctx, s, "allocate"), ref)
+    gen = rt.pipeline.of_kind("generate")[0]
+    ref = call(_name(gen, step), _generate_fn(rt, ctx, gen), ref)
+    for s in stages:
+        if s.kind == "filter":
+            ref = call(_name(s, step), _filter_fn(rt, ctx, s), ref)
+    for s in stages:
+        if s.kind == "replay" and implements(s, "augment"):
+            ref = call(_name(s, step), _augment_fn(rt, ctx, s), ref)
+    trainer = rt.pipeline.of_kind("train")
+    if trainer and rt.learner is not None:
+        ref, train_metrics = call(_name(trainer[0], step), _train_fn(rt, ctx), ref)
+        metrics.update(train_metrics)
+    metrics.update(rollout_metrics(rt.stash.get(ref)))
+    metrics["policy_version"] = float(rt.engine.version)
+    metrics["step_seconds"] = time.perf_counter() - started
+    if rt.commit is not None:
+        call(f"commit[step={step}]", _commit_fn(rt, run_id, step, metrics), ref)
+    return StepReport(step=step, metrics=metrics, rollouts=ref)
+
+
+def _name(stage: StageSpec, step: int) -> str:
+    return f"{stage.label}[step={step}]"
+
+
+# --------------------------------------------------------------------------- stage calls
+
+
+def _table_fn(rt: Runtime, ctx: StepContext, s: StageSpec, method: str) -> Callable:
+    def fn(ref: TableRef) -> TableRef:
+        out = getattr(s, method)(ctx, rt.stash.get(ref))
+        return rt.stash.put(f"{ctx.step}/{s.label}", out)
+    return fn
+
+
+def _generate_fn(rt: Runtime, ctx: StepContext, gen: StageSpec) -> Callable:
+    hooks = [s for s in rt.pipeline.stages
+             if s.kind == "control" and implements(s, "on_segment")]
+
+    def on_segment(inflight: list[Inflight]) -> dict[int, Decision]:
+        decisions: dict[int, Decision] = {}
+        for hook in hooks:
+            for key, decision in hook.on_segment(ctx, inflight).items():
+                if decisions.get(key) != "prune":  # prune wins over stop
+                    decisions[key] = decision
+        return decisions
+
+    def fn(ref: TableRef) -> TableRef:
+        table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment if hooks else None)
+        table = conform(table, where=f"output of generate stage {gen.label!r}")
+        return rt.stash.put(f"{ctx.step}/{gen.label}", _mark_unfinished(table, gen.label))
+    return fn
+
+
+def _mark_unfinished(table: pa.Table, label: str) -> pa.Table:
+    """Partial and pruned rollouts are stored but not trained on."""
+    unfinished = pc.not_equal(table.column(col.STATUS), "complete")
+    return drop(table, unfinished, label, pc.if_else(unfinished, table.column(col.STATUS), None))
+
+
+def _filter_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
+    def fn(ref: TableRef) -> TableRef:
+        table = rt.stash.get(ref)
+        complete = pc.equal(table.column(col.STATUS), "complete")
+        idx = np.flatnonzero(complete.to_numpy(zero_copy_only=False))
+        result = s.apply(ctx, table.take(idx))
+        merged = _merge(table, idx, _applied(result, s.label))
+        return rt.stash.put(f"{ctx.step}/{s.label}", merged)
+    return fn
+
+
+def _applied(result: FilterResult, label: str) -> pa.Table:
+    if result.keep is None:
+        return result.table
+    keep = pa.array(result.keep, pa.bool_())
+    if len(keep) != result.table.num_rows:
+        raise ValueError(f"filter {label!r} returned a keep mask of {len(keep)} values for "
+                         f"{result.table.num_rows} rows")
+    reason = result.reason
+    reasons = pa.array(reason if isinstance(reason, list) else [reason] * len(keep), pa.string())
+    return drop(result.table, pc.invert(keep), label, reasons)
+
+
+def drop(table: pa.Table, mask: Any, label: str, reasons: Any) -> pa.Table:
+    """Mark rows where ``mask`` is true and that are still kept as dropped by ``label``.
+
+    A row keeps the first stage that dropped it; rows are never removed.
+    """
+    newly = pc.and_(pc.fill_null(mask, False), table.column(col.KEPT))
+    table = _set(table, col.DROPPED_BY, pc.if_else(newly, label, table.column(col.DROPPED_BY)))
+    table = _set(table, col.DROP_REASON,
+                 pc.if_else(newly, reasons, table.column(col.DROP_REASON)))
+    return _set(table, col.KEPT, pc.and_(table.column(col.KEPT), pc.invert(newly)))
+
+
+def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, table.schema.field(i), values)
+
+
+def _merge(table: pa.Table, idx: np.ndarray, part: pa.Table) -> pa.Table:
+    """Write the filtered subset's rows back at positions ``idx`` of ``table``."""
+    if part.num_rows != len(idx):
+        raise ValueError(f"a filter returned {part.num_rows} rows for {len(idx)}; filters "
+                         "must not add or remove rows (return a keep mask instead)")
+    if len(idx) == table.num_rows:
+        return conform(part, where="filter output")
+    rest = np.setdiff1d(np.arange(table.num_rows), idx)
+    order = np.argsort(np.concatenate([idx, rest]), kind="stable")
+    others = table.take(rest)
+    for name in part.column_names:
+        if name not in others.column_names:
+            others = others.append_column(part.schema.field(name).with_nullable(True),
+                                          pa.nulls(others.num_rows, part.schema.field(name).type))
+    combined = pa.concat_tables([part, others.select(part.column_names)], promote_options="permissive")
+    return conform(combined.take(order), where="filter output")
+
+
+def _augment_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
+    def fn(ref: TableRef) -> TableRef:
+        return rt.stash.put(f"{ctx.step}/{s.label}", s.augment(ctx, rt.stash.get(ref)))
+    return fn
+
+
+def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
+    def fn(ref: TableRef) -> tuple[TableRef, dict[str, float]]:
+        table = rt.stash.get(ref)
+        kept = np.flatnonzero(table.column(col.KEPT).to_numpy(zero_copy_only=False))
+        if len(kept) == 0:
+            return ref, {"train/skipped": 1.0}
+        result = rt.learner.update(ctx, table.take(kept))  # type: ignore[union-attr]
+        advantage = np.full(table.num_rows, np.nan)
+        advantage[kept] = result.advantages
+        consumed = np.full(table.num_rows, -1)
+        consumed[kept] = ctx.step
+        table = _set(table, col.ADVANTAGE, pa.array(advantage, from_pandas=True))
+        table = _set(table, col.CONSUMED_AT_STEP,
+                     pa.array(consumed, mask=consumed < 0, type=pa.int64()))
+        rt.engine.update_weights()
+        metrics = {f"train/{k}": float(v) for k, v in result.metrics.items()}
+        return rt.stash.put(f"{ctx.step}/train", table), metrics
+    return fn
+
+
+def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float]) -> Callable:
+    def fn(ref: TableRef) -> str:
+        result = rt.commit(run_id, step, rt.stash.get(ref),  # type: ignore[misc]
+                           policy_version=rt.engine.version, metrics=metrics)
+        return str(getattr(result, "message", "committed"))
+    return fn
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def rollout_metrics(table: pa.Table) -> dict[str, float]:
+    """Per-step counts and rates: what was generated, kept, dropped and why."""
+    kept = table.column(col.KEPT).to_numpy(zero_copy_only=False)
+    reward = table.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float)
+    n_tokens = table.column(col.N_TOKENS).to_numpy(zero_copy_only=False)
+    scored = ~np.isnan(reward)
+    out = {
+        "rollouts": float(table.num_rows),
+        "kept": float(kept.sum()),
+        "tokens": float(n_tokens.sum()),
+        "gen_seconds": float(np.max(table.column(col.GEN_SECONDS).to_numpy(), initial=0.0)),
+        "reward_mean": float(reward[scored].mean()) if scored.any() else float("nan"),
+        "pass_rate": float((reward[scored] >= 1.0).mean()) if scored.any() else float("nan"),
+    }
+    dropped = table.filter(pc.invert(table.column(col.KEPT)))
+    for stage, count in _counts(dropped.column(col.DROPPED_BY)).items():
+        out[f"dropped/{stage}"] = float(count)
+    return out
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    counts = pc.value_counts(column.combine_chunks()) if len(column) else []
+    return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()} if len(column) else {}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
+             stop: tuple[str, ...] = ()) -> dict[str, float]:
+    """Greedy accuracy on held-out prompts: the share scored as fully correct."""
+    rows = prompts.to_pylist()
+    requests = [GenRequest(key=i, prompt_ids=engine.encode(r[col.PROMPT]))
+                for i, r in enumerate(rows)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop,
+                            segment_tokens=max_tokens)
+    outputs = engine.generate(requests, params)
+    scores = []
+    for row, out in zip(rows, outputs):
+        try:
+            scores.append(float(task.score(engine.decode(out.completion_ids),
+                                           row[col.ANSWER], row[col.META])))
+        except Exception:  # a scorer error counts as wrong, never kills evaluation
+            scores.append(0.0)
+    return {"accuracy": float(np.mean(np.asarray(scores) >= 1.0)) if scores else 0.0,
+            "n": float(len(scores))}

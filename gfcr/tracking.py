@@ -1,0 +1,92 @@
+"""MLflow tracking as a run hook; the only module that imports mlflow.
+
+One MLflow run per pipeline run, in an experiment named after the pipeline, with a SQLite
+backend under the run root by default (the file store is deprecated). Params are the
+flattened spec, tags hold the spec hash, run id and store location, metrics are logged per
+step, and the pipeline YAML and the summary are artifacts. Only the orchestrating process
+logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gfcr.pipeline import Pipeline
+
+
+def default_uri(root: Path) -> str:
+    return f"sqlite:///{(Path(root) / 'mlflow.db').resolve()}"
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+    """Nested spec -> {"stages.2.lr": "0.001", ...}; stages are keyed by their name."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = ((_item_key(i, v), v) for i, v in enumerate(data))
+    else:
+        return {prefix: str(data)}
+    out: dict[str, str] = {}
+    for key, value in items:
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _item_key(index: int, value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("name") or value.get("type") or index)
+    return str(index)
+
+
+class MlflowHook:
+    """Logs a pipeline run to MLflow; see the module docstring for what goes where."""
+
+    def __init__(self, uri: str | None = None) -> None:
+        self.uri = uri
+        self._run: Any = None
+
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: Any) -> None:
+        import mlflow
+
+        self.uri = self.uri or default_uri(root)
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_experiment(pipeline.name)
+        self._run = mlflow.start_run(run_name=run_id)
+        params = flatten(pipeline.to_dict())
+        items = list(params.items())
+        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+            mlflow.log_params(dict(items[i:i + 100]))
+        mlflow.set_tags({"gfcr.run_id": run_id, "gfcr.spec_hash": pipeline.spec_hash(),
+                         "gfcr.store": str((Path(root) / "store").resolve())})
+        mlflow.log_text(pipeline.to_yaml(), "pipeline.yaml")
+
+    def on_step(self, *, step: int, metrics: dict[str, float], **_: Any) -> None:
+        import mlflow
+
+        finite = {_key(k): v for k, v in metrics.items() if math.isfinite(v)}
+        mlflow.log_metrics(finite, step=step)
+
+    def on_eval(self, *, step: int, accuracy: float, **_: Any) -> None:
+        import mlflow
+
+        mlflow.log_metric("heldout_accuracy", accuracy, step=step)
+
+    def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
+        import mlflow
+
+        if self._run is None:
+            return
+        if summary is not None:
+            summary.mlflow = self.uri
+            mlflow.log_text(json.dumps(summary.as_dict(), indent=2, default=str),
+                            "summary.json")
+        mlflow.end_run(status="FINISHED" if status == "finished" else "FAILED")
+        self._run = None
+
+
+def _key(name: str) -> str:
+    """MLflow metric names allow letters, digits and _-./ and spaces only."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)

@@ -1,0 +1,39 @@
+"""The embedded default: GRPO on 1-2 digit arithmetic with a tiny Llama, on a laptop CPU.
+
+A reasoning-gym procedural task (``chain_sum``: "State the final answer to the following
+arithmetic problem: 23 - 60 =") whose own scorer is the verifier; a ~0.7M-parameter
+Llama-architecture policy built from a config with a character tokenizer; a short
+supervised warm start on the task's reference answers (cached, so a second run skips
+it); then GRPO with dynamic sampling. ``gfcr run`` runs it.
+"""
+
+from gfcr import Evaluation, Pipeline
+from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, TinyLlama,
+                    UniformSampler, Verify)
+
+# --- where prompts come from, and who answers them
+task = ReasoningGym(dataset="chain_sum",
+                    config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+policy = TinyLlama()
+
+pipeline = Pipeline(
+    name="default",
+    seed=0,
+    steps=40,
+    task=task,
+    policy=policy,
+    engine=HF(device="cpu"),
+    warmstart=SFT(),
+    stages=[
+        # --- Replay: which prompts this step
+        UniformSampler(batch=16),
+        # --- Generate: a group of samples per prompt
+        GroupSample(n=8, temperature=1.0, max_tokens=8),
+        # --- Filter: score with the task's own verifier, drop groups with no signal
+        Verify(),
+        DynamicSampling(),
+        # --- Train: group-normalised advantages, clipped policy gradient
+        GRPO(),
+    ],
+    evaluation=Evaluation(size=256, max_tokens=8),
+)

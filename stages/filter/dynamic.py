@@ -1,0 +1,59 @@
+"""Dynamic sampling (DAPO; Yu et al. 2025): drop groups that carry no learning signal.
+
+A group whose rewards are all equal has zero advantage under any group baseline, so it
+only costs compute. Equality is tested with a tolerance (``max - min <= atol + rtol *
+max|r|``), not ``std != 0``: floating-point noise must not let a constant group through
+(NeMo-RL #4158), and the test works on continuous rewards too (OpenRLHF #1272). Groups
+are judged on their own rollouts only, never on leave-one-out statistics (NeMo-RL #3469).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from gfcr.rollout import col
+from gfcr.stage import FilterResult, StageSpec, StepContext, register
+
+
+@register("filter")
+class DynamicSampling(StageSpec):
+    """Drop every rollout of a group whose kept rewards are all equal.
+
+    >>> DynamicSampling(atol=1e-6)  # doctest: +ELLIPSIS
+    DynamicSampling(name=None, type='dynamic_sampling', atol=1e-06, rtol=1e-06)
+    """
+
+    type: Literal["dynamic_sampling"] = "dynamic_sampling"
+    atol: float = Field(1e-6, ge=0.0)
+    rtol: float = Field(1e-6, ge=0.0)
+
+    reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
+
+    def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
+        flat = zero_variance_groups(
+            rollouts.column(col.GROUP_ID).to_pylist(),
+            rollouts.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float),
+            rollouts.column(col.KEPT).to_numpy(zero_copy_only=False),
+            atol=self.atol, rtol=self.rtol)
+        keep = [g not in flat for g in rollouts.column(col.GROUP_ID).to_pylist()]
+        return FilterResult(rollouts, keep=keep, reason="zero_variance")
+
+
+def zero_variance_groups(group_ids: list[str], rewards: np.ndarray, kept: np.ndarray, *,
+                         atol: float, rtol: float) -> set[str]:
+    """Groups whose kept, scored rewards are all equal within tolerance."""
+    by_group: dict[str, list[float]] = defaultdict(list)
+    for g, r, k in zip(group_ids, rewards, kept):
+        if k and not np.isnan(r):
+            by_group[g].append(r)
+    flat = set()
+    for g in set(group_ids):
+        values = np.asarray(by_group.get(g, []))
+        if len(values) < 2 or np.ptp(values) <= atol + rtol * np.abs(values).max():
+            flat.add(g)
+    return flat

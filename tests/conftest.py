@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny pipeline, and one Prefect test server for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def tiny_pipeline(**overrides):
+    """A pipeline small enough to run a step in about a second on one CPU core."""
+    from gfcr import Evaluation, Pipeline
+    from stages import (GRPO, HF, DynamicSampling, GroupSample, ReasoningGym, TinyLlama,
+                        UniformSampler, Verify)
+
+    fields = dict(
+        name="tiny", seed=0, steps=2,
+        task=ReasoningGym(train_size=64, heldout_size=16),
+        policy=TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+        engine=HF(device="cpu"),
+        stages=[UniformSampler(batch=4), GroupSample(n=4, max_tokens=6), Verify(),
+                DynamicSampling(), GRPO(lr=1e-3)],
+        evaluation=Evaluation(size=8, max_tokens=6),
+    )
+    fields.update(overrides)
+    return Pipeline(**fields)
+
+
+@pytest.fixture
+def pipeline():
+    return tiny_pipeline()
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect API server (temporary SQLite database) shared by every test."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

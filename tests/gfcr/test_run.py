@@ -1,0 +1,98 @@
+"""Running pipelines end to end: local and Prefect executors, store contents, learning."""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+import pytest
+
+from gfcr import execute
+from stages import GRPO, GroupSample, UniformSampler, Verify
+from store import RolloutStore
+from tests.conftest import tiny_pipeline
+from tests.resources.digits import Digits
+
+COMPARE = ["step", "prompt", "sample_idx", "completion", "reward", "kept", "dropped_by",
+           "advantage", "logprobs"]
+
+
+def _rows(root, run_id):
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        t = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{run_id}' "
+                  "ORDER BY step, group_id, sample_idx")
+    return t
+
+
+def test_local_run_stores_every_rollout(tmp_path, pipeline):
+    summary = execute(pipeline, root=tmp_path, executor="local")
+    t = _rows(tmp_path, summary.run_id)
+    assert t.num_rows == summary.rollouts == pipeline.steps * 4 * 4
+    dropped = t.filter(pc.invert(t["kept"]))
+    assert pc.all(pc.is_valid(dropped["dropped_by"])).as_py()
+    assert pc.all(pc.is_valid(dropped["drop_reason"])).as_py()
+    kept = t.filter(t["kept"])
+    assert pc.all(pc.is_valid(kept["advantage"])).as_py()
+    assert set(kept["consumed_at_step"].to_pylist()) <= {0, 1}
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        steps = s.sql("SELECT step, policy_version FROM steps ORDER BY step").to_pylist()
+        runs = s.sql("SELECT status FROM runs").to_pylist()
+    assert [r["step"] for r in steps] == [0, 1]
+    assert runs == [{"status": "finished"}]
+
+
+def test_prefect_executor_matches_local(tmp_path, pipeline, prefect_server):
+    local = execute(pipeline, root=tmp_path / "a", executor="local")
+    flow = execute(pipeline, root=tmp_path / "b", executor="prefect")
+    a = _rows(tmp_path / "a", local.run_id).select(COMPARE).to_pylist()
+    b = _rows(tmp_path / "b", flow.run_id).select(COMPARE).to_pylist()
+    assert a == b
+    assert flow.accuracy_after == local.accuracy_after
+    assert not (tmp_path / "b" / "staging" / flow.run_id).exists()
+
+
+def test_prefect_flow_has_one_task_per_stage_per_step(tmp_path, pipeline, prefect_server):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    summary = execute(pipeline, root=tmp_path, executor="prefect")
+
+    async def names():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                name=FlowRunFilterName(any_=[summary.run_id])))
+            (run,) = runs
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
+            return run.state.type.value, sorted(t.name for t in tasks)
+
+    state, task_names = asyncio.run(names())
+    assert state == "COMPLETED"
+    expected = {f"{s.label}[step={n}]" for s in pipeline.stages for n in range(2)}
+    expected |= {f"commit[step={n}]" for n in range(2)}
+    expected |= {"evaluate[step=0]", "evaluate[step=2]"}
+    assert set(task_names) == expected and len(task_names) == len(expected)
+
+
+def test_scorer_errors_are_recorded_not_fatal(tmp_path):
+    p = tiny_pipeline(stages=[UniformSampler(batch=4), GroupSample(n=4, max_tokens=6),
+                              Verify(scorer="tests.resources.digits:explode"), GRPO()])
+    summary = execute(p, root=tmp_path, executor="local")
+    t = _rows(tmp_path, summary.run_id)
+    errors = t.filter(pc.is_valid(t["score_error"]))
+    assert errors.num_rows > 0
+    assert set(errors["drop_reason"].to_pylist()) == {"score_error"}
+    assert all("reward function bug" in e for e in errors["score_error"].to_pylist())
+    assert not any(errors["kept"].to_pylist())
+
+
+def test_reward_and_heldout_accuracy_rise_on_a_learnable_task(tmp_path):
+    p = tiny_pipeline(
+        task=Digits(), steps=14,
+        stages=[UniformSampler(batch=8), GroupSample(n=8, max_tokens=4), Verify(),
+                GRPO(lr=1e-2)])
+    p = p.with_overrides(["evaluation.max_tokens=4"])
+    summary = execute(p, root=tmp_path, executor="local")
+    rewards = [m["reward_mean"] for m in summary.history]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    assert summary.accuracy_before < 0.5 <= summary.accuracy_after, summary
