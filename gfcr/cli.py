@@ -76,12 +76,12 @@ def sql(
     fmt: str = typer.Option("table", "--format", help="table, csv or json."),
 ) -> None:
     """Query the rollout store (tables rollouts, steps, runs and the shipped views)."""
-    from store import RolloutStore, StoreError
+    from store import ReadOnlyError, RolloutStore, StoreError
 
     try:
         with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
             result = s.sql(query)
-    except (StoreError, ValueError) as e:
+    except (StoreError, ReadOnlyError, ValueError) as e:
         _fail(str(e))
     except Exception as e:  # duckdb parser/binder errors: show them as they are
         _fail(f"query failed: {e}")

@@ -200,9 +200,9 @@ def _drive(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store:
     after = evaluate_at(pipeline.steps)
     summary = RunSummary(
         run_id=run_id, pipeline=pipeline.name, spec_hash=pipeline.spec_hash(),
-        store=str(store.root), mlflow=None, steps=pipeline.steps,
-        rollouts=int(store.sql(f"SELECT count(*) AS n FROM rollouts WHERE run_id = "
-                               f"'{run_id}'").column("n")[0].as_py()),
+        store=str(store.uri), mlflow=None, steps=pipeline.steps,
+        rollouts=int(store.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?",
+                               [run_id]).column("n")[0].as_py()),
         accuracy_before=before, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=warm, history=history)
     _emit(hooks, "on_end", summary=summary, status="finished")

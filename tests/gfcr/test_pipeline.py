@@ -53,8 +53,10 @@ def test_kinds_out_of_order(pipeline):
 
 def test_column_read_but_never_written(pipeline):
     s = list(pipeline.stages)
-    (problem,) = _problems(stages=[s[0], s[1], s[3], s[4]])  # no Verify
-    assert "'dynamic_sampling'" in problem and "'reward'" in problem
+    problems = _problems(stages=[s[0], s[1], s[3], s[4]])  # no Verify
+    assert problems == [
+        "stage 'dynamic_sampling' reads column 'reward', which no upstream stage writes",
+        "stage 'grpo' reads column 'reward', which no upstream stage writes"]
 
 
 def test_exactly_one_generate_stage(pipeline):

@@ -18,7 +18,7 @@ COMPARE = ["step", "prompt", "sample_idx", "completion", "reward", "kept", "drop
 def _rows(root, run_id):
     with RolloutStore.open(root / "store", read_only=True) as s:
         t = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{run_id}' "
-                  "ORDER BY step, group_id, sample_idx")
+                  "ORDER BY step, prompt, sample_idx")
     return t
 
 
