@@ -4,8 +4,14 @@ An engine turns token-id requests into completions, in *segments*: after every s
 ``SamplingParams.segment_tokens`` new tokens it shows the in-flight sequences to a hook,
 which may stop (abort, keep as partial) or prune any of them. A request that carries
 ``prefix_ids`` continues a partial rollout from those tokens instead of starting afresh.
-Engines also own the tokenizer and the policy version, which advances on every weight
-update. gfcr knows no concrete engine; ``stages/engines`` has the HF transformers one and
+Engines also own the tokenizer and the policy version (``Policy.version``), which
+advances on every weight update.
+
+Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
+token, taken before top-p truncation: what a teacher-forced forward pass at the same
+temperature computes, so the trainer's ratio is exact. vLLM's processed logprobs are
+renormalised over the nucleus instead; the two agree at ``top_p=1``, which is what a
+training pipeline should sample with. gfcr knows no concrete engine; ``stages/engines`` has the HF transformers one and
 the vLLM one.
 """
 
@@ -14,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingParams(BaseModel):
@@ -27,10 +33,17 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(32, ge=1)
     stop: tuple[str, ...] = ()
-    """Generation of a sequence ends after it produces any of these strings."""
+    """Generation of a sequence ends after it produces any of these (non-empty) strings."""
     segment_tokens: int = Field(16, ge=1)
     """Tokens generated between two calls of the in-flight hook."""
     seed: int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must be non-empty")
+        return value
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class GenOutput:
     version_start: int
     version_end: int
     seconds: float
+    """Wall time from the start of the generate call to this sequence's end."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ Decision = Literal["continue", "stop", "prune"]
 
 SegmentHook = Callable[[list[Inflight]], dict[int, Decision]]
 """Called after each segment with the unfinished sequences; returns decisions by key.
-Keys not in the result continue."""
+Keys not in the result continue. An engine that decodes in waves calls it per wave."""
 
 
 @runtime_checkable

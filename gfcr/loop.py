@@ -6,6 +6,7 @@
     plan     = Control.allocate(prompts)     # samples and token budget per prompt
     rollouts = Generate(plan, engine)        # Control.on_segment hooks between segments
     rollouts = Filter...(rollouts)           # scores, then keep masks; rows never deleted
+    (repeat the four lines above for more prompts while a filter reports a shortfall)
     batch    = Replay.augment(kept)          # mix in reused rollouts
     result   = Train.update(batch)           # advantages, loss, optimizer step; weights out
     commit(run, step, everything)            # one transaction, exactly once
@@ -86,30 +87,30 @@ def context(rt: Runtime, run_id: str, step: int) -> StepContext:
                        policy_version=rt.engine.version, task=rt.task, history=history)
 
 
+MAX_ROUNDS = 16
+"""Hard cap on generation rounds in one step, whatever the refill filters ask."""
+
+
 def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     """Run one step; every stage call goes through ``call``."""
     started = time.perf_counter()
     ctx = context(rt, run_id, step)
-    stages = rt.pipeline.stages
-    metrics: dict[str, float] = {}
-    ref = rt.stash.put(f"{step}/prompts", PROMPT_SCHEMA.empty_table())
-    for s in stages:
-        if s.kind == "replay" and implements(s, "select"):
-            ref = call(_name(s, step), _table_fn(rt, ctx, s, "select"), ref)
-    for s in stages:
-        if s.kind == "control" and implements(s, "allocate"):
-            ref = call(_name(s, step), _table_fn(rt, ctx, s, "allocate"), ref)
-    gen = rt.pipeline.of_kind("generate")[0]
-    ref = call(_name(gen, step), _generate_fn(rt, ctx, gen), ref)
-    for s in stages:
-        if s.kind == "filter":
-            ref = call(_name(s, step), _filter_fn(rt, ctx, s), ref)
-    for s in stages:
+    ref, rounds = _round(rt, ctx, call), 1
+    while rounds < MAX_ROUNDS:
+        want = _shortfall(rt, ctx.for_round(rounds, 0), rt.stash.get(ref))
+        if want <= 0:
+            break
+        more = _round(rt, ctx.for_round(rounds, want), call)
+        ref = rt.stash.put(f"{step}/merged-{rounds}", pa.concat_tables(
+            [rt.stash.get(ref), rt.stash.get(more)], promote_options="permissive"))
+        rounds += 1
+    metrics: dict[str, float] = {"rounds": float(rounds)}
+    for s in rt.pipeline.stages:
         if s.kind == "replay" and implements(s, "augment"):
-            ref = call(_name(s, step), _augment_fn(rt, ctx, s), ref)
+            ref = call(_name(s, ctx), _augment_fn(rt, ctx, s), ref)
     trainer = rt.pipeline.of_kind("train")
     if trainer and rt.learner is not None:
-        ref, train_metrics = call(_name(trainer[0], step), _train_fn(rt, ctx), ref)
+        ref, train_metrics = call(_name(trainer[0], ctx), _train_fn(rt, ctx), ref)
         metrics.update(train_metrics)
     metrics.update(rollout_metrics(rt.stash.get(ref)))
     metrics["policy_version"] = float(rt.engine.version)
@@ -119,8 +120,39 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     return StepReport(step=step, metrics=metrics, rollouts=ref)
 
 
-def _name(stage: StageSpec, step: int) -> str:
-    return f"{stage.label}[step={step}]"
+def _round(rt: Runtime, ctx: StepContext, call: Call) -> TableRef:
+    """Select, allocate, generate and filter once; refill rounds repeat this."""
+    stages = rt.pipeline.stages
+    ref = rt.stash.put(_key(ctx, "prompts"), PROMPT_SCHEMA.empty_table())
+    for s in stages:
+        if s.kind == "replay" and implements(s, "select"):
+            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "select"), ref)
+    for s in stages:
+        if s.kind == "control" and implements(s, "allocate"):
+            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "allocate"), ref)
+    gen = rt.pipeline.of_kind("generate")[0]
+    ref = call(_name(gen, ctx), _generate_fn(rt, ctx, gen), ref)
+    for s in stages:
+        if s.kind == "filter":
+            ref = call(_name(s, ctx), _filter_fn(rt, ctx, s), ref)
+    return ref
+
+
+def _shortfall(rt: Runtime, ctx: StepContext, table: pa.Table) -> int:
+    """The most extra prompts any refill filter asks for (see gfcr.stage.Refill)."""
+    complete = table.filter(pc.equal(table.column(col.STATUS), "complete"))
+    asks = [s.shortfall(ctx, complete) for s in rt.pipeline.stages
+            if s.kind == "filter" and implements(s, "shortfall")]
+    return max(asks, default=0)
+
+
+def _name(stage: StageSpec, ctx: StepContext) -> str:
+    suffix = f",round={ctx.round}" if ctx.round else ""
+    return f"{stage.label}[step={ctx.step}{suffix}]"
+
+
+def _key(ctx: StepContext, what: str) -> str:
+    return f"{ctx.step}/{ctx.round}/{what}"
 
 
 # --------------------------------------------------------------------------- stage calls
@@ -129,7 +161,7 @@ def _name(stage: StageSpec, step: int) -> str:
 def _table_fn(rt: Runtime, ctx: StepContext, s: StageSpec, method: str) -> Callable:
     def fn(ref: TableRef) -> TableRef:
         out = getattr(s, method)(ctx, rt.stash.get(ref))
-        return rt.stash.put(f"{ctx.step}/{s.label}", out)
+        return rt.stash.put(_key(ctx, s.label), out)
     return fn
 
 
@@ -148,7 +180,7 @@ def _generate_fn(rt: Runtime, ctx: StepContext, gen: StageSpec) -> Callable:
     def fn(ref: TableRef) -> TableRef:
         table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment if hooks else None)
         table = conform(table, where=f"output of generate stage {gen.label!r}")
-        return rt.stash.put(f"{ctx.step}/{gen.label}", _mark_unfinished(table, gen.label))
+        return rt.stash.put(_key(ctx, gen.label), _mark_unfinished(table, gen.label))
     return fn
 
 
@@ -165,7 +197,7 @@ def _filter_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
         idx = np.flatnonzero(complete.to_numpy(zero_copy_only=False))
         result = s.apply(ctx, table.take(idx))
         merged = _merge(table, idx, _applied(result, s.label))
-        return rt.stash.put(f"{ctx.step}/{s.label}", merged)
+        return rt.stash.put(_key(ctx, s.label), merged)
     return fn
 
 
@@ -218,7 +250,7 @@ def _merge(table: pa.Table, idx: np.ndarray, part: pa.Table) -> pa.Table:
 
 def _augment_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
     def fn(ref: TableRef) -> TableRef:
-        return rt.stash.put(f"{ctx.step}/{s.label}", s.augment(ctx, rt.stash.get(ref)))
+        return rt.stash.put(_key(ctx, s.label), s.augment(ctx, rt.stash.get(ref)))
     return fn
 
 
@@ -238,7 +270,7 @@ def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
                      pa.array(consumed, mask=consumed < 0, type=pa.int64()))
         rt.engine.update_weights()
         metrics = {f"train/{k}": float(v) for k, v in result.metrics.items()}
-        return rt.stash.put(f"{ctx.step}/train", table), metrics
+        return rt.stash.put(_key(ctx, "train"), table), metrics
     return fn
 
 
@@ -262,6 +294,8 @@ def rollout_metrics(table: pa.Table) -> dict[str, float]:
     out = {
         "rollouts": float(table.num_rows),
         "kept": float(kept.sum()),
+        "kept_groups": float(len(set(table.filter(table.column(col.KEPT))
+                                     .column(col.GROUP_ID).to_pylist()))),
         "tokens": float(n_tokens.sum()),
         "gen_seconds": float(np.max(table.column(col.GEN_SECONDS).to_numpy(), initial=0.0)),
         "reward_mean": float(reward[scored].mean()) if scored.any() else float("nan"),

@@ -25,7 +25,8 @@ checks them when it is built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -80,14 +81,24 @@ class StepContext:
     task: "Task"
     history: Any = None
     """A store.History reader (as of this step), or None when the run has no store."""
+    round: int = 0
+    """Generation round inside the step: 0, then 1, 2, ... while a filter asks to refill."""
+    quota: int | None = None
+    """Prompts wanted in this round (None: the select stages' own batch size)."""
     _rng: dict[str, np.random.Generator] = field(default_factory=dict, repr=False)
 
     def rng(self, stage: str) -> np.random.Generator:
-        """A generator seeded by (run seed, step, stage): identical under any executor."""
+        """A generator seeded by (run seed, step, round, stage): identical under any
+        executor, and different in every refill round."""
         if stage not in self._rng:
-            digest = np.frombuffer(stage.encode().ljust(8, b"\0")[:8], dtype=np.uint64)[0]
-            self._rng[stage] = np.random.default_rng([self.seed, self.step, int(digest)])
+            digest = int.from_bytes(hashlib.sha256(stage.encode()).digest()[:8], "little")
+            self._rng[stage] = np.random.default_rng([self.seed, self.step, self.round,
+                                                      digest])
         return self._rng[stage]
+
+    def for_round(self, round: int, quota: int) -> "StepContext":
+        """The context of a refill round of this step."""
+        return replace(self, round=round, quota=quota, _rng={})
 
 
 @runtime_checkable
@@ -148,6 +159,14 @@ class Generate(Protocol):
 
 class Filter(Protocol):
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult: ...
+
+
+class Refill(Protocol):
+    """Optional on a filter: after a round, how many more prompts the step should draw
+    (0: the batch is full, or the filter's bound on extra rounds is reached). It sees the
+    step's complete rollouts so far; ``ctx.round`` is the number of rounds already run."""
+
+    def shortfall(self, ctx: StepContext, rollouts: pa.Table) -> int: ...
 
 
 class Learner(Protocol):

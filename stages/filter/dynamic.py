@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
@@ -24,15 +24,39 @@ from gfcr.stage import FilterResult, StageSpec, StepContext, register
 class DynamicSampling(StageSpec):
     """Drop every rollout of a group whose kept rewards are all equal.
 
-    >>> DynamicSampling(atol=1e-6)  # doctest: +ELLIPSIS
-    DynamicSampling(name=None, type='dynamic_sampling', atol=1e-06, rtol=1e-06)
+    ``mode="filter"`` only drops. ``mode="refill"`` then asks the loop for more prompts,
+    round after round, until ``min_groups`` groups with signal are kept or ``max_rounds``
+    extra rounds have run (DAPO's over-sampling; verl's ``max_num_gen_batches``). The
+    effective batch is the step metric ``kept_groups``.
+
+    >>> DynamicSampling(mode="refill", min_groups=16, max_rounds=3)  # doctest: +ELLIPSIS
+    DynamicSampling(name=None, type='dynamic_sampling', mode='refill', min_groups=16, ...)
     """
 
     type: Literal["dynamic_sampling"] = "dynamic_sampling"
+    mode: Literal["filter", "refill"] = "filter"
+    min_groups: int | None = Field(None, ge=1)
+    """Refill mode: kept groups wanted per step."""
+    max_rounds: int = Field(3, ge=0)
+    """Refill mode: at most this many extra rounds per step."""
     atol: float = Field(1e-6, ge=0.0)
     rtol: float = Field(1e-6, ge=0.0)
 
     reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
+
+    @model_validator(mode="after")
+    def _refill_needs_target(self) -> "DynamicSampling":
+        if self.mode == "refill" and self.min_groups is None:
+            raise ValueError("mode='refill' needs min_groups (kept groups wanted per step)")
+        return self
+
+    def shortfall(self, ctx: StepContext, rollouts: pa.Table) -> int:
+        """Groups still missing, if refilling and rounds remain (gfcr.stage.Refill)."""
+        if self.mode != "refill" or ctx.round > self.max_rounds:
+            return 0
+        kept = rollouts.filter(rollouts.column(col.KEPT))
+        have = len(set(kept.column(col.GROUP_ID).to_pylist()))
+        return max(0, (self.min_groups or 0) - have)
 
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
         flat = zero_variance_groups(

@@ -58,7 +58,7 @@ class GroupSample(StageSpec):
         outputs = engine.generate(requests, self.params(ctx), on_segment)
         rows = []
         for req, out, (p_idx, i) in zip(requests, outputs, owners):
-            group_id = stable_id(ctx.run_id, ctx.step, "group", p_idx)
+            group_id = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
             rows.append(rollout_row(ctx, prompts[p_idx], group_id, i, req.prompt_ids,
                                     out, engine))
         return to_table(rows)

@@ -18,7 +18,7 @@ class UniformSampler(StageSpec):
     Prompts are drawn without replacement inside a step and independently across steps,
     from a generator seeded by (run seed, step, stage name), so a resumed run draws what
     the uninterrupted run drew. Prompts already chosen by an earlier select stage count
-    towards ``batch``.
+    towards ``batch``; in a refill round the step's quota replaces ``batch``.
 
     >>> UniformSampler(batch=16)
     UniformSampler(name=None, type='uniform', batch=16)
@@ -31,7 +31,7 @@ class UniformSampler(StageSpec):
     writes: ClassVar[frozenset[str]] = PROMPT_COLUMNS
 
     def select(self, ctx: StepContext, chosen: pa.Table) -> pa.Table:
-        missing = self.batch - chosen.num_rows
+        missing = (ctx.quota or self.batch) - chosen.num_rows
         if missing <= 0:
             return chosen
         pool = ctx.task.train_prompts()

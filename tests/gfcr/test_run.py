@@ -22,11 +22,14 @@ def _rows(root, run_id):
     return t
 
 
-def test_local_run_stores_every_rollout(tmp_path, pipeline):
+def test_local_run_stores_every_rollout(tmp_path):
+    # one-token answers to the digits task: some groups flat (dropped), some not
+    pipeline = tiny_pipeline(task=Digits()).with_overrides(["group.max_tokens=1"])
     summary = execute(pipeline, root=tmp_path, executor="local")
     t = _rows(tmp_path, summary.run_id)
     assert t.num_rows == summary.rollouts == pipeline.steps * 4 * 4
     dropped = t.filter(pc.invert(t["kept"]))
+    assert 0 < dropped.num_rows < t.num_rows
     assert pc.all(pc.is_valid(dropped["dropped_by"])).as_py()
     assert pc.all(pc.is_valid(dropped["drop_reason"])).as_py()
     kept = t.filter(t["kept"])
