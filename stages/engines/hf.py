@@ -1,0 +1,402 @@
+"""The HF transformers engine: a KV-cached, segmented decode loop over a shared policy.
+
+Runs on CPU or GPU over any causal LM with the transformers call convention. It shares
+``policy.model`` with the trainer in-process: the trainer updates that module and calls
+``update_weights()``, which only advances the version (with a state dict it loads it
+first). The version lives on the policy (``policy.version``), so engine and learner agree
+on it. Requests are decoded in waves of at most ``max_batch`` sequences, left-padded, with
+position ids counted from each sequence's first real token, so a batched greedy result
+equals the single-sequence one. Every ``segment_tokens`` new tokens the in-flight hook may
+stop (finish_reason "aborted", kept as a partial) or prune ("pruned") sequences; finished
+ones leave the batch and the KV cache (an index selection) as soon as that saves more
+compute than the copy costs. A stop string ends a sequence once it
+appears in the completion text ending after the prefix; the token that completed it stays.
+
+Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
+token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
+truncation. That is exactly what a teacher-forced forward pass at the same temperature
+computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass (the single
+source of truth the trainer uses too). It equals vLLM's ``processed_logprobs`` at
+``top_p=1``; with ``top_p<1`` vLLM renormalises over the nucleus and this engine does not.
+
+Sampling is seeded with a ``torch.Generator`` (``SamplingParams.seed``, else one seeded
+from the engine's build seed and advanced by every call), so the same seed and requests
+give identical outputs. A sequence's samples depend on the other sequences of its wave.
+
+>>> engine = HF(device="cpu").build(TinyLlama().build(seed=0), seed=0)  # doctest: +SKIP
+>>> engine.generate([GenRequest(key=0, prompt_ids=engine.encode("1+1="))], SamplingParams())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from transformers import DynamicCache
+
+from gfcr.engine import (Decision, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
+                         SegmentHook)
+from gfcr.stage import Spec, register
+
+_DECISION_REASON: dict[str, str] = {"stop": "aborted", "prune": "pruned"}
+
+
+@register("engine")
+class HF(Spec):
+    """The HF transformers engine (CPU or GPU) with a hand-written KV-cached decode loop.
+
+    ``dtype`` is the compute dtype: the weights stay as the policy holds them (shared
+    with the trainer); a lower precision than float32 weights runs under autocast.
+    """
+
+    type: Literal["hf"] = "hf"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = Field(256, ge=1)
+    """Most sequences decoded at once; more requests are processed in waves."""
+
+    def build(self, policy: Policy, *, seed: int) -> "HFEngine":
+        """Move the policy's model to the device (in place: the trainer shares it)."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("hf engine: device='cuda' but torch sees no CUDA device")
+        model_dtype = next(policy.model.parameters()).dtype
+        want = getattr(torch, self.dtype)
+        if want != model_dtype and model_dtype != torch.float32:
+            raise ValueError(f"hf engine: dtype={self.dtype!r} but the policy weights are "
+                             f"{model_dtype}; only float32 weights can run at another dtype")
+        policy.model.to(device)
+        autocast = None if want == model_dtype else want
+        return HFEngine(policy, autocast=autocast, max_batch=self.max_batch, seed=seed)
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The convention: log_softmax(logits / T), or of the raw logits when T == 0."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+def token_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Teacher-forced logprobs of ``completion_ids`` after ``prompt_ids``, one per token,
+    under the engine's convention. Differentiable when grad is enabled."""
+    logprobs, _ = batch_token_logprobs(model, [prompt_ids], [completion_ids], temperature)
+    return logprobs[0, :len(completion_ids)]
+
+
+def batch_token_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
+                         temperature: float = 1.0, pad_id: int = 0
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced logprobs of many completions in one right-padded forward pass.
+
+    Returns ``(logprobs, mask)``, both ``[batch, longest completion]``: row i holds the
+    logprobs of completion i's tokens, zero where ``mask`` is False (padding).
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"batch_token_logprobs: {len(prompts)!r} prompts but "
+                         f"{len(completions)!r} completions")
+    if any(not p for p in prompts):
+        raise ValueError("batch_token_logprobs: every prompt needs at least one token")
+    device = next(model.parameters()).device
+    ids, attn = _right_pad([list(p) + list(c) for p, c in zip(prompts, completions)], pad_id)
+    width = ids.shape[1]
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
+    n_out = max((len(c) for c in completions), default=0)
+    # position j of completion i is predicted by logits at len(prompt_i) - 1 + j
+    starts = torch.tensor([len(p) - 1 for p in prompts], device=device)
+    where = (starts[:, None] + torch.arange(n_out, device=device)[None, :]).clamp(max=width - 1)
+    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1]))
+    targets, mask = _right_pad([list(c) for c in completions], 0, width=n_out)
+    targets, mask = targets.to(device), mask.to(device).bool()
+    logprobs = _log_probs(picked, temperature).gather(-1, targets[:, :, None]).squeeze(-1)
+    return logprobs.masked_fill(~mask, 0.0), mask
+
+
+def _right_pad(rows: list[list[int]], pad_id: int, width: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` of right-padded rows; mask is 1 on real tokens."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its logprob (convention above, before top-p)."""
+    logp = _log_probs(logits, params.temperature)
+    if params.temperature == 0:
+        tok = logp.argmax(dim=-1)
+    else:
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            probs = _nucleus(probs, params.top_p)
+        tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest top set whose mass reaches ``top_p``
+    (the most likely token always stays)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    return probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+
+
+# --------------------------------------------------------------------------- engine
+
+
+@dataclass
+class _Seq:
+    """One request's state during a call."""
+
+    req: GenRequest
+    budget: int
+    """New tokens this call may still add (cap minus prefix)."""
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reason: str | None = None
+    seconds: float = 0.0
+    scan_from: int = 0
+    """Stop strings are looked for in the completion text from here on."""
+
+    def view(self) -> Inflight:
+        return Inflight(key=self.req.key, completion_ids=self.req.prefix_ids + self.ids,
+                        logprobs=self.req.prefix_logprobs + self.logprobs,
+                        new_tokens=len(self.ids))
+
+
+class HFEngine:
+    """:class:`gfcr.engine.Engine` over a :class:`Policy` shared with the trainer."""
+
+    def __init__(self, policy: Policy, *, autocast: torch.dtype | None, max_batch: int,
+                 seed: int) -> None:
+        self._policy = policy
+        self._autocast = autocast
+        self._max_batch = max_batch
+        self._device = next(policy.model.parameters()).device
+        self._gen = torch.Generator(device=self._device)
+        self._gen.manual_seed(seed)
+
+    @property
+    def version(self) -> int:
+        return self._policy.version
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def encode(self, text: str) -> list[int]:
+        return self._policy.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._policy.tokenizer.decode(ids)
+
+    def update_weights(self, state: Any | None = None) -> int:
+        """Load ``state`` (a state dict) if given, then advance the version."""
+        if state is not None:
+            self._policy.model.load_state_dict(state)
+        self._policy.version += 1
+        return self._policy.version
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams,
+                 on_segment: SegmentHook | None = None) -> list[GenOutput]:
+        """Generate every request, in waves of ``max_batch``; outputs in request order."""
+        t0 = time.perf_counter()
+        _check_keys(requests)
+        seqs = [_new_seq(r, params) for r in requests]
+        gen = self._gen
+        if params.seed is not None:
+            gen = torch.Generator(device=self._device)
+            gen.manual_seed(params.seed)
+        todo = [s for s in seqs if s.reason is None]
+        model = self._policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode(), self._autocast_ctx():
+                for at in range(0, len(todo), self._max_batch):
+                    wave = todo[at:at + self._max_batch]
+                    _Wave(self, wave, params, gen, on_segment, t0).run()
+        finally:
+            model.train(was_training)
+        version = self.version
+        return [GenOutput(key=s.req.key, completion_ids=s.req.prefix_ids + s.ids,
+                          logprobs=s.req.prefix_logprobs + s.logprobs,
+                          finish_reason=s.reason,  # type: ignore[arg-type]
+                          version_start=version, version_end=version, seconds=s.seconds)
+                for s in seqs]
+
+    def _autocast_ctx(self) -> contextlib.AbstractContextManager:
+        if self._autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self._device.type, dtype=self._autocast)
+
+
+def _new_seq(req: GenRequest, params: SamplingParams) -> _Seq:
+    """Validate one request; one whose cap leaves no room finishes at once ("length")."""
+    if len(req.prefix_logprobs) != len(req.prefix_ids):
+        raise ValueError(f"request key={req.key!r}: {len(req.prefix_ids)!r} prefix_ids but "
+                         f"{len(req.prefix_logprobs)!r} prefix_logprobs")
+    if not req.prompt_ids and not req.prefix_ids:
+        raise ValueError(f"request key={req.key!r} has no prompt or prefix tokens")
+    cap = params.max_tokens if req.max_tokens is None else req.max_tokens
+    seq = _Seq(req=req, budget=cap - len(req.prefix_ids))
+    if seq.budget <= 0:
+        seq.reason = "length"
+    return seq
+
+
+def _check_keys(requests: list[GenRequest]) -> None:
+    """Keys must be unique: hook decisions and results are matched by them."""
+    seen: set[int] = set()
+    for r in requests:
+        if r.key in seen:
+            raise ValueError(f"request key {r.key!r} appears twice; keys must be unique")
+        seen.add(r.key)
+
+
+class _Wave:
+    """Decode up to ``max_batch`` sequences together until each one finishes."""
+
+    def __init__(self, engine: HFEngine, seqs: list[_Seq], params: SamplingParams,
+                 gen: torch.Generator, hook: SegmentHook | None, t0: float) -> None:
+        self.engine, self.params, self.gen, self.hook, self.t0 = engine, params, gen, hook, t0
+        self.live = seqs
+        self.model = engine.policy.model
+        self.eos = engine.policy.tokenizer.eos_token_id
+        self.sdpa = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
+        self.stops = tuple(x for x in params.stop if x)  # "" would stop at once
+        if self.stops:
+            for s in seqs:
+                s.scan_from = len(engine.decode(s.req.prefix_ids))
+
+    def run(self) -> None:
+        logits = self._prefill()
+        step = 0
+        while True:
+            tok, lp = _sample(logits, self.params, self.gen)
+            step += 1
+            toks, lps = torch.stack((tok.double(), lp.double())).tolist()  # one sync
+            self._record([int(t) for t in toks], lps)
+            if self.hook is not None and step % self.params.segment_tokens == 0:
+                self._ask_hook()
+            keep = [i for i, s in enumerate(self.live) if s.reason is None]
+            if not keep:
+                return
+            if len(keep) < len(self.live) and self._worth_shrinking(keep):
+                self._shrink(keep)
+                tok = tok[torch.tensor(keep, device=tok.device)]
+            logits = self._decode(tok)
+
+    def _worth_shrinking(self, keep: list[int]) -> bool:
+        """Whether dropping finished rows saves more than the copy costs (about one step
+        of the batch); a finished row left in costs 1/batch of each step to come."""
+        finished = len(self.live) - len(keep)
+        to_come = max(self.live[i].budget - len(self.live[i].ids) for i in keep)
+        return finished * to_come >= len(self.live)
+
+    def _prefill(self) -> torch.Tensor:
+        """One pass over prompt+prefix, left-padded; sets up cache, mask and positions."""
+        rows = [s.req.prompt_ids + s.req.prefix_ids for s in self.live]
+        width = max(len(r) for r in rows)
+        longest = max(s.budget for s in self.live)
+        device = self.engine.device
+        ids = torch.full((len(rows), width), self.engine.policy.tokenizer.pad_token_id,
+                         dtype=torch.long)
+        mask = torch.ones((len(rows), width + longest), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, :width - len(r)] = False
+        self.padded = any(len(r) < width for r in rows)
+        self.mask = mask.to(device)
+        pos = (self.mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
+        self.pos = pos[:, -1:] + 1
+        self.length = width
+        self.cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids.to(device),
+                         attention_mask=self.mask[:, :width] if self.padded else None,
+                         position_ids=pos, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def _decode(self, tok: torch.Tensor) -> torch.Tensor:
+        """One step for every live sequence; the mask is a view, never rebuilt."""
+        self.length += 1
+        mask = None
+        if self.padded:
+            mask = self.mask[:, :self.length]
+            if self.sdpa:
+                mask = mask[:, None, None, :]  # sdpa's own bool format: skips mask building
+        out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=self.pos,
+                         past_key_values=self.cache, use_cache=True)
+        self.pos = self.pos + 1
+        return out.logits[:, -1, :]
+
+    def _shrink(self, keep: list[int]) -> None:
+        """Drop finished rows from the cache, mask and positions."""
+        index = torch.tensor(keep, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask.index_select(0, index)
+        self.pos = self.pos.index_select(0, index)
+        self.live = [self.live[i] for i in keep]
+        if self.padded and bool(self.mask[:, :self.length].all()):
+            self.padded = False
+
+    def _record(self, toks: list[int], lps: list[float]) -> None:
+        """Append the step's tokens; finish on EOS, stop string or budget."""
+        now = time.perf_counter() - self.t0
+        for s, t, lp in zip(self.live, toks, lps):
+            if s.reason is not None:  # finished, still in the batch until a shrink
+                continue
+            s.ids.append(t)
+            s.logprobs.append(lp)
+            if t == self.eos or (self.stops and self._hit_stop(s)):
+                s.reason = "stop"
+            elif len(s.ids) >= s.budget:
+                s.reason = "length"
+            if s.reason is not None:
+                s.seconds = now
+
+    def _hit_stop(self, s: _Seq) -> bool:
+        """Whether a stop string ends in the text this call added (it may start in the
+        prefix). Decodes the whole completion: token boundaries need not be char ones."""
+        text = self.engine.decode(s.req.prefix_ids + s.ids)
+        hit = any(text.find(x, max(0, s.scan_from - len(x) + 1)) >= 0 for x in self.stops)
+        s.scan_from = len(text)
+        return hit
+
+    def _ask_hook(self) -> None:
+        """Show the unfinished sequences to the hook and apply its decisions; keys it
+        returns that are not in flight (finished earlier, other waves) are ignored."""
+        running = [s for s in self.live if s.reason is None]
+        if not running:
+            return
+        decisions: dict[int, Decision] = self.hook([s.view() for s in running]) or {}
+        now = time.perf_counter() - self.t0
+        for s in running:
+            decision = decisions.get(s.req.key, "continue")
+            if decision == "continue":
+                continue
+            if decision not in _DECISION_REASON:
+                raise ValueError(f"segment hook returned {decision!r} for key {s.req.key!r}; "
+                                 f"expected 'continue', 'stop' or 'prune'")
+            s.reason, s.seconds = _DECISION_REASON[decision], now
