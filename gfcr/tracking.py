@@ -1,7 +1,8 @@
 """MLflow tracking as a run hook; the only module that imports mlflow.
 
 One MLflow run per pipeline run, in an experiment named after the pipeline, with a SQLite
-backend under the run root by default (the file store is deprecated). Params are the
+backend under the run root by default (the file store is deprecated) and artifacts in
+``mlartifacts/`` beside it. Params are the
 flattened spec, tags hold the spec hash, run id and store location, metrics are logged per
 step, and the pipeline YAML and the summary are artifacts. Only the orchestrating process
 logs.
@@ -53,6 +54,10 @@ class MlflowHook:
 
         self.uri = self.uri or default_uri(root)
         mlflow.set_tracking_uri(self.uri)
+        experiment = mlflow.get_experiment_by_name(pipeline.name)
+        if experiment is None:  # artifacts beside the database, not in ./mlruns
+            artifacts = (Path(root) / "mlartifacts").resolve().as_uri()
+            mlflow.create_experiment(pipeline.name, artifact_location=artifacts)
         mlflow.set_experiment(pipeline.name)
         self._run = mlflow.start_run(run_name=run_id)
         params = flatten(pipeline.to_dict())

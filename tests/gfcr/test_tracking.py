@@ -32,3 +32,4 @@ def test_run_is_tracked(tmp_path):
     assert [m.step for m in accuracy] == [0, 2]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"pipeline.yaml", "summary.json"} <= artifacts
+    assert (tmp_path / "mlartifacts").is_dir()
