@@ -1,0 +1,52 @@
+"""export (Parquet, JSONL) and compact (fewer files, same data, time travel kept)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from store import ReadOnlyError, RolloutStore
+from store.history import History
+from store.maintenance import compact, export
+
+from .conftest import QA, commit_history, make_rollouts
+
+
+def test_export_parquet_and_jsonl(store, tmp_path):
+    commit_history(store)
+    path = export(store, tmp_path / "all.parquet")
+    table = pq.read_table(path)
+    assert table.num_rows == 13 and table.schema.names[:3] == ["run_id", "step", "rollout_id"]
+    lines = export(store, tmp_path / "s1.jsonl", format="jsonl", where="step = 1").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert sorted(r["rollout_id"] for r in rows) == [f"r/1/{i}" for i in range(5)]
+    first = next(r for r in rows if r["rollout_id"] == "r/1/0")
+    assert first["rewards"] == {"correct": 1.0, "format": 1.0} and first["prompt_ids"] == [1, 2, 3]
+    stats = export(store, tmp_path / "ph.parquet", table="prompt_history")
+    assert pq.read_table(stats).num_rows == 2
+    with pytest.raises(ValueError, match="cannot export 'secrets'"):
+        export(store, tmp_path / "x.parquet", table="secrets")
+    with pytest.raises(ValueError, match="format 'csv'"):
+        export(store, tmp_path / "x.csv", format="csv")
+    with pytest.raises(ReadOnlyError):
+        export(store, tmp_path / "x.parquet", where="true; DROP TABLE steps")
+
+
+def test_compact_merges_files_and_keeps_time_travel(store, tmp_path):
+    for step in range(6):
+        rows = 4 if step == 2 else 30  # step 2 is inlined in the catalog
+        store.commit_step("r", step, make_rollouts(rows, run_id="r", step=step, prompt_id=[QA] * rows),
+                          policy_version=step, metrics={})
+    pinned = History(store, run_id="r", as_of_step=3).prompt_stats()
+    everything = store.sql("SELECT * FROM rollouts ORDER BY rollout_id")
+    result = compact(store)
+    assert result.files_after < result.files_before
+    assert store.sql("SELECT * FROM rollouts ORDER BY rollout_id").equals(everything)
+    assert History(store, run_id="r", as_of_step=3).prompt_stats().equals(pinned)
+    store.commit_step("r", 6, make_rollouts(30, run_id="r", step=6), policy_version=6, metrics={})
+    assert store.last_step("r") == 6
+    with RolloutStore.open(store.uri, read_only=True) as reader:
+        with pytest.raises(ReadOnlyError, match="compact needs read_only=False"):
+            compact(reader)
