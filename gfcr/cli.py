@@ -96,6 +96,46 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
         "ORDER BY started_at", root=root, store=None, fmt=fmt)
 
 
+store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout store.")
+app.add_typer(store_app, name="store")
+
+
+@store_app.command("export")
+def store_export(
+    dest: Path = typer.Argument(..., help="File (parquet, jsonl) or folder (hf) to write."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet, jsonl or hf (datasets)."),
+    table: str = typer.Option("rollouts", help="A table or view of the store."),
+    where: Optional[str] = typer.Option(None, help="SQL condition, e.g. \"kept AND step > 10\"."),
+    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
+) -> None:
+    """Export rows of the store (read-only) to Parquet, JSONL or a Hugging Face dataset."""
+    from store import ReadOnlyError, RolloutStore, StoreError, export
+
+    try:
+        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
+            path = export(s, dest, format=fmt, table=table, where=where)  # type: ignore[arg-type]
+    except (StoreError, ReadOnlyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    err.print(f"wrote {path}")
+
+
+@store_app.command("compact")
+def store_compact(
+    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
+) -> None:
+    """Merge the store's small Parquet files; time travel keeps working."""
+    from store import RolloutStore, StoreError, compact
+
+    try:
+        with RolloutStore.open(store or root / "store", create=False) as s:
+            result = compact(s)
+    except StoreError as e:
+        _fail(str(e))
+    err.print(f"data files: {result.files_before} -> {result.files_after}")
+
+
 @app.command()
 def show(pipeline: str = typer.Argument("default")) -> None:
     """Print a pipeline as YAML (validated), with its spec hash."""

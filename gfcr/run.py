@@ -178,7 +178,7 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
 
 def _drive(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
            stash: Any, call: Callable[..., Any], started: float) -> RunSummary:
-    rt, warm = _build(pipeline, root, stash, store, call, hooks)
+    rt, warm = _build(pipeline, root, run_id, stash, store, call, hooks)
     heldout = pipeline.task.heldout_prompts().slice(0, pipeline.evaluation.size)
     ev = pipeline.evaluation
 
@@ -209,8 +209,8 @@ def _drive(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store:
     return summary
 
 
-def _build(pipeline: Pipeline, root: Path, stash: Any, store: Any, call: Callable[..., Any],
-           hooks: list[Any]) -> tuple[Runtime, dict[str, float]]:
+def _build(pipeline: Pipeline, root: Path, run_id: str, stash: Any, store: Any,
+           call: Callable[..., Any], hooks: list[Any]) -> tuple[Runtime, dict[str, float]]:
     """Policy, warm start, engine and learner: built once, kept for the whole run."""
     policy = pipeline.policy.build(seed=pipeline.seed)
     warm: dict[str, float] = {}
@@ -222,8 +222,17 @@ def _build(pipeline: Pipeline, root: Path, stash: Any, store: Any, call: Callabl
     trainers = pipeline.of_kind("train")
     learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=stash, commit=store.commit_step)
+                 stash=stash, commit=store.commit_step, history=_history(store, run_id))
     return rt, dict(warm or {})
+
+
+def _history(store: Any, run_id: str) -> Callable[[int], Any]:
+    """The run's history as of the step before ``step``: what a resumed run sees too."""
+    from store import History
+
+    def at(step: int) -> Any:
+        return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+    return at
 
 
 def _code_version() -> str:

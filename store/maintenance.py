@@ -20,7 +20,7 @@ from ._guard import ReadOnlyError, check_read_only
 from .lake import RolloutStore
 from .views import VIEWS
 
-Format = Literal["parquet", "jsonl"]
+Format = Literal["parquet", "jsonl", "hf"]
 _TABLES = ("rollouts", "steps", "runs", *VIEWS)
 _COPY_OPTIONS = {"parquet": "FORMAT parquet, COMPRESSION zstd", "jsonl": "FORMAT json"}
 
@@ -37,11 +37,16 @@ def export(store: RolloutStore, dest: str | os.PathLike[str], *, format: Format 
            table: str = "rollouts", where: str | None = None) -> Path:
     """Write ``table`` (a store table or view, optionally ``WHERE where``) to file ``dest``.
 
-    ``format`` is "parquet" (zstd) or "jsonl" (one JSON object per line; maps become
-    objects, lists arrays). Returns the path written. The parent folder must exist.
+    ``format`` is "parquet" (zstd), "jsonl" (one JSON object per line; maps become
+    objects, lists arrays) or "hf" (a Hugging Face ``datasets`` dataset saved to the folder
+    ``dest``, loadable with ``datasets.load_from_disk``). Returns the path written. The
+    parent folder must exist.
     """
+    if format == "hf":
+        return _export_hf(store, dest, table=table, where=where)
     if format not in _COPY_OPTIONS:
-        raise ValueError(f"export format {format!r} is not one of {sorted(_COPY_OPTIONS)}")
+        raise ValueError(f"export format {format!r} is not one of "
+                         f"{sorted([*_COPY_OPTIONS, 'hf'])}")
     if table not in _TABLES:
         raise ValueError(f"cannot export {table!r}: the store has {list(_TABLES)}")
     query = f"SELECT * FROM {table}" + (f" WHERE {where}" if where else "")
@@ -52,6 +57,28 @@ def export(store: RolloutStore, dest: str | os.PathLike[str], *, format: Format 
         raise FileNotFoundError(f"export folder {str(path.parent)!r} does not exist")
     with store._lock:  # package-internal: one statement at a time per connection
         store.connection().execute(f"COPY ({query}) TO {quote_literal(str(path))} ({_COPY_OPTIONS[format]})")
+    return path
+
+
+def _export_hf(store: RolloutStore, dest: str | os.PathLike[str], *, table: str,
+               where: str | None) -> Path:
+    """A datasets dataset saved to disk. ``datasets`` has no map type, so map columns
+    (``rewards``) become lists of {key, value} structs."""
+    import tempfile
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(dest).expanduser().resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = pq.read_table(export(store, Path(tmp) / "rows.parquet", table=table, where=where))
+        for i, field in enumerate(rows.schema):
+            if pa.types.is_map(field.type):
+                entries = pa.list_(pa.struct([("key", field.type.key_type),
+                                              ("value", field.type.item_type)]))
+                rows = rows.set_column(i, field.name, rows.column(i).cast(entries))
+        datasets.Dataset(rows).save_to_disk(str(path))
     return path
 
 

@@ -34,6 +34,17 @@ def test_export_parquet_and_jsonl(store, tmp_path):
         export(store, tmp_path / "x.parquet", where="true; DROP TABLE steps")
 
 
+def test_export_huggingface_dataset(store, tmp_path):
+    import datasets
+
+    commit_history(store)
+    path = export(store, tmp_path / "hf", format="hf", where="kept")
+    data = datasets.load_from_disk(str(path))
+    expected = store.sql("SELECT count(*) AS n FROM rollouts WHERE kept").column("n")[0].as_py()
+    assert data.num_rows == expected > 0
+    assert {"prompt", "completion", "reward", "completion_ids"} <= set(data.column_names)
+
+
 def test_compact_merges_files_and_keeps_time_travel(store, tmp_path):
     for step in range(6):
         rows = 4 if step == 2 else 30  # step 2 is inlined in the catalog
