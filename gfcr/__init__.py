@@ -4,7 +4,7 @@ The public API. Importing gfcr is cheap: torch, prefect and mlflow load only whe
 needs them.
 """
 
-from gfcr.engine import (Engine, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
+from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
                          Tokenizer)
 from gfcr.pipeline import Evaluation, Pipeline, PipelineError, load
 from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
@@ -13,7 +13,8 @@ from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult,
                         register)
 
 __all__ = [
-    "Engine", "GenOutput", "GenRequest", "Inflight", "Policy", "SamplingParams", "Tokenizer",
+    "Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy", "SamplingParams",
+    "Tokenizer",
     "Evaluation", "Pipeline", "PipelineError", "load",
     "ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id",
     "RunSummary", "execute",

@@ -136,6 +136,95 @@ def store_compact(
     err.print(f"data files: {result.files_before} -> {result.files_after}")
 
 
+replay_app = typer.Typer(no_args_is_help=True, help="Replay stored rollouts without generating.")
+app.add_typer(replay_app, name="replay")
+
+FILTER_HELP = ("A filter stage: 'type=NAME[,field=value...]', a YAML mapping "
+               "('{type: verify, scorer: exact}') or a .yaml file. Repeat for a chain.")
+
+
+@replay_app.command("what-if")
+def replay_what_if(
+    run_id: str = typer.Argument(..., help="Run whose stored rollouts to re-filter."),
+    filters: list[str] = typer.Option(..., "--filter", help=FILTER_HELP),
+    base: str = typer.Option("kept", help="kept: after the run's own filters; all: these alone."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
+) -> None:
+    """Re-score or re-filter a past run's rollouts and report how the kept set and rewards
+    would change (nothing is generated, nothing is written)."""
+    from importlib.metadata import entry_points
+
+    from store import RolloutStore, StoreError
+
+    stages = [_filter_stage(text) for text in filters]
+    tools = {ep.name: ep for ep in entry_points(group="gfcr.tools")}
+    if "what-if" not in tools:
+        _fail("no 'what-if' tool is installed (entry point group 'gfcr.tools'); "
+              "reinstall gfcr (pip install -e .)")
+    try:
+        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
+            report = tools["what-if"].load()(s, run_id, stages, base=base)
+    except (StoreError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(report.as_dict(), default=str))
+        return
+    _print_what_if(report)
+
+
+def _filter_stage(text: str) -> Any:
+    """A filter stage config from ``--filter`` text, through the stage registry."""
+    import yaml
+    from pydantic import ValidationError
+
+    from gfcr.stage import lookup
+
+    path = Path(text)
+    try:
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            data = yaml.safe_load(path.read_text())
+        elif "=" in text and not text.lstrip().startswith("{"):
+            pairs = [part.partition("=") for part in text.split(",")]
+            data = {k.strip(): yaml.safe_load(v) if v else "" for k, _, v in pairs}
+        else:
+            data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        _fail(f"--filter {text!r} is not valid YAML: {e}")
+    if not isinstance(data, dict) or "type" not in data:
+        _fail(f"--filter {text!r} must name a filter stage with a 'type', e.g. type=dynamic_sampling")
+    try:
+        return lookup("filter", str(data["type"])).model_validate(data)
+    except KeyError as e:
+        _fail(f"--filter {text!r}: {e.args[0]}")
+    except ValidationError as e:
+        problems = "; ".join(f"field {'.'.join(map(str, x['loc']))!r}: {x['msg']}" for x in e.errors())
+        _fail(f"--filter {text!r}: {problems}")
+
+
+def _print_what_if(report: Any) -> None:
+    t = report.totals
+    view = Table(title=f"what-if {' -> '.join(report.stages)} on run {report.run_id} (base={report.base})",
+                 show_header=False)
+    view.add_row("rows (complete, original)", f"{t['rows']:.0f}")
+    view.add_row("kept", f"{t['kept_before']:.0f} -> {t['kept_after']:.0f} "
+                         f"(-{t['newly_dropped']:.0f} +{t['newly_kept']:.0f})")
+    view.add_row("kept groups", f"{t['groups_before']:.0f} -> {t['groups_after']:.0f}")
+    view.add_row("rewards changed", f"{t['rewards_changed']:.0f}")
+    view.add_row("reward mean", f"{t.get('reward_before', float('nan')):.3f} -> {t.get('reward_after', float('nan')):.3f}")
+    view.add_row("kept reward mean", f"{t.get('kept_reward_before', float('nan')):.3f} -> "
+                                     f"{t.get('kept_reward_after', float('nan')):.3f}")
+    for reason, count in sorted(report.reasons.items()):
+        view.add_row(f"newly dropped by {reason}", str(count))
+    out.print(view)
+    steps = Table("step", "kept before", "kept after", "reward before", "reward after")
+    for e in report.steps:
+        steps.add_row(f"{e['step']:.0f}", f"{e['kept_before']:.0f}", f"{e['kept_after']:.0f}",
+                      f"{e.get('reward_before', float('nan')):.3f}", f"{e.get('reward_after', float('nan')):.3f}")
+    out.print(steps)
+
+
 @app.command()
 def show(pipeline: str = typer.Argument("default")) -> None:
     """Print a pipeline as YAML (validated), with its spec hash."""
@@ -172,9 +261,10 @@ def _print_table(table: Any, fmt: str) -> None:
 def _print_summary(s: Any) -> None:
     view = Table(title=f"run {s.run_id}", show_header=False)
     gain = 100 * (s.accuracy_after - s.accuracy_before)
+    stages = (f"{s.accuracy_before:.1%} -> {s.accuracy_warmstart:.1%} (warm start) -> "
+              if s.accuracy_warmstart is not None else f"{s.accuracy_before:.1%} -> ")
     for key, value in [
-        ("held-out accuracy", f"{s.accuracy_before:.1%} -> {s.accuracy_after:.1%} "
-                              f"({gain:+.1f} points)"),
+        ("held-out accuracy", f"{stages}{s.accuracy_after:.1%} ({gain:+.1f} points)"),
         ("rollouts stored", str(s.rollouts)), ("steps", str(s.steps)),
         ("seconds", f"{s.seconds:.0f}"), ("store", s.store), ("mlflow", str(s.mlflow)),
     ]:
@@ -201,8 +291,9 @@ class _Progress:
     def on_phase(self, *, phase: str, **_: Any) -> None:
         self.bar.update(self.task, description=phase)
 
-    def on_eval(self, *, step: int, accuracy: float, **_: Any) -> None:
-        self.bar.console.print(f"held-out accuracy at step {step}: {accuracy:.1%}")
+    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
+        where = "before training" if label == "initial" else f"at step {step}"
+        self.bar.console.print(f"held-out greedy accuracy {where}: {accuracy:.1%}")
 
     def on_step(self, *, step: int, metrics: dict[str, float], **_: Any) -> None:
         self.bar.update(self.task, advance=1, description=(

@@ -93,6 +93,70 @@ SegmentHook = Callable[[list[Inflight]], dict[int, Decision]]
 Keys not in the result continue. An engine that decodes in waves calls it per wave."""
 
 
+@dataclass
+class Flight:
+    """The whole generate call as in-flight hooks know it, kept by the loop between
+    segments (``StepContext.flight``).
+
+    An engine shows a hook only the unfinished sequences. Hooks that count groups (APRIL:
+    stop once N groups are complete) or tokens (DUET: stop once the budget is spent) also
+    need the rest: the group of every request (declared by the generate stage), which
+    requests have ended and how, and the tokens each has generated in this call. A request
+    no longer in flight that no hook stopped or pruned is taken as ``"finished"``; that is
+    exact when the engine decodes the call in one wave (HF: requests <= ``max_batch``).
+    ``split`` turns True when a request taken as finished shows up in flight later (a
+    later wave): counting hooks must refuse to decide then. Token counts of requests that
+    finished between two segments are those of their last view (at most one segment low).
+    """
+
+    groups: dict[int, str] = field(default_factory=dict)
+    """Request key -> group id, for every request of the call."""
+    ended: dict[int, str] = field(default_factory=dict)
+    """Request key -> "finished" | "stop" | "prune", for requests no longer in flight."""
+    tokens: dict[int, int] = field(default_factory=dict)
+    """Request key -> tokens generated in this call, as of its latest view."""
+    split: bool = False
+
+    def observe(self, inflight: list[Inflight]) -> None:
+        """Update the picture from the sequences in flight after a segment."""
+        live = set()
+        for view in inflight:
+            live.add(view.key)
+            if self.ended.pop(view.key, None) is not None:
+                self.split = True
+            self.tokens[view.key] = view.new_tokens
+        for key in self.groups:
+            if key not in live and key not in self.ended:
+                self.ended[key] = "finished"
+
+    def decided(self, decisions: dict[int, Decision], inflight: list[Inflight]) -> None:
+        """Record the stops and prunes the engine will apply to sequences in flight."""
+        for view in inflight:
+            decision = decisions.get(view.key, "continue")
+            if decision != "continue":
+                self.ended[view.key] = decision
+
+    def members(self) -> dict[str, list[int]]:
+        """Group id -> its request keys."""
+        out: dict[str, list[int]] = {}
+        for key, group in self.groups.items():
+            out.setdefault(group, []).append(key)
+        return out
+
+    def complete_groups(self) -> set[str]:
+        """Groups all of whose requests have ended, none stopped, at least one finished."""
+        done = set()
+        for group, keys in self.members().items():
+            ends = [self.ended.get(k) for k in keys]
+            if None not in ends and "stop" not in ends and "finished" in ends:
+                done.add(group)
+        return done
+
+    def spent(self) -> int:
+        """Tokens generated in this call so far (see the class note on precision)."""
+        return sum(self.tokens.values())
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A generator the loop can drive. Implementations live in ``stages/engines``."""

@@ -14,20 +14,22 @@
 The loop does no I/O of its own: every stage call goes through ``call(name, fn, *refs)``
 (the executor: a plain call, or a Prefect task named ``<stage>[step=N]``), and tables cross
 calls as references through a :class:`Stash`. Only complete rollouts reach filters and
-training; partial and pruned ones are committed with the reason they were not kept.
+training (so a stopped rollout never reaches a scorer); partial and pruned ones are
+committed with the reason they were not kept. Allocate stages get the plan with ``n`` and
+``max_tokens`` filled in; on_segment hooks see the whole generate call in ``ctx.flight``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.engine import Decision, Engine, GenRequest, Inflight, SamplingParams
+from gfcr.engine import Decision, Engine, Flight, GenRequest, Inflight, SamplingParams
 from gfcr.pipeline import Pipeline
 from gfcr.rollout import PROMPT_SCHEMA, col, conform
 from gfcr.stage import FilterResult, Learner, StageSpec, StepContext, implements
@@ -127,10 +129,10 @@ def _round(rt: Runtime, ctx: StepContext, call: Call) -> TableRef:
     for s in stages:
         if s.kind == "replay" and implements(s, "select"):
             ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "select"), ref)
+    gen = rt.pipeline.of_kind("generate")[0]
     for s in stages:
         if s.kind == "control" and implements(s, "allocate"):
-            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "allocate"), ref)
-    gen = rt.pipeline.of_kind("generate")[0]
+            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "allocate", gen), ref)
     ref = call(_name(gen, ctx), _generate_fn(rt, ctx, gen), ref)
     for s in stages:
         if s.kind == "filter":
@@ -158,27 +160,61 @@ def _key(ctx: StepContext, what: str) -> str:
 # --------------------------------------------------------------------------- stage calls
 
 
-def _table_fn(rt: Runtime, ctx: StepContext, s: StageSpec, method: str) -> Callable:
+def _table_fn(rt: Runtime, ctx: StepContext, s: StageSpec, method: str,
+              gen: StageSpec | None = None) -> Callable:
     def fn(ref: TableRef) -> TableRef:
-        out = getattr(s, method)(ctx, rt.stash.get(ref))
-        return rt.stash.put(_key(ctx, s.label), out)
+        table = rt.stash.get(ref)
+        if gen is not None:  # allocate: the plan holds real numbers for n and max_tokens
+            table = plan_defaults(table, gen)
+        return rt.stash.put(_key(ctx, s.label), getattr(s, method)(ctx, table))
     return fn
+
+
+def plan_defaults(plan: pa.Table, gen: StageSpec) -> pa.Table:
+    """``plan`` with ``n`` and ``max_tokens`` columns, nulls set to the generate stage's
+    fields of those names (when it has them)."""
+    for name in ("n", "max_tokens"):
+        default = getattr(gen, name, None)
+        if isinstance(default, int) and name not in plan.column_names:
+            plan = plan.append_column(name, pa.array([default] * plan.num_rows, pa.int64()))
+        elif isinstance(default, int):
+            filled = pc.fill_null(plan.column(name).cast(pa.int64()), default)
+            plan = plan.set_column(plan.schema.get_field_index(name), name, filled)
+    return plan
+
+
+class SegmentHooks:
+    """The control stages' on_segment hooks as the one engine hook; "prune" wins over "stop".
+    Hooks get ``ctx.flight``, the whole call (:class:`gfcr.engine.Flight`): a generate stage
+    declares each request's group with ``expect(groups)`` before generating (duck-typed)."""
+
+    def __init__(self, ctx: StepContext, hooks: list[StageSpec]) -> None:
+        self.hooks, self.base = hooks, ctx
+        self.expect({})
+
+    def expect(self, groups: dict[int, str]) -> None:
+        """Start a new engine call whose request ``key -> group id`` is ``groups``."""
+        self.flight = Flight(groups=dict(groups))
+        self.ctx = replace(self.base, flight=self.flight)
+
+    def __call__(self, inflight: list[Inflight]) -> dict[int, Decision]:
+        self.flight.observe(inflight)
+        decisions: dict[int, Decision] = {}
+        for hook in self.hooks:
+            for key, decision in hook.on_segment(self.ctx, inflight).items():
+                if decisions.get(key) != "prune":  # prune wins over stop
+                    decisions[key] = decision
+        self.flight.decided(decisions, inflight)
+        return decisions
 
 
 def _generate_fn(rt: Runtime, ctx: StepContext, gen: StageSpec) -> Callable:
     hooks = [s for s in rt.pipeline.stages
              if s.kind == "control" and implements(s, "on_segment")]
 
-    def on_segment(inflight: list[Inflight]) -> dict[int, Decision]:
-        decisions: dict[int, Decision] = {}
-        for hook in hooks:
-            for key, decision in hook.on_segment(ctx, inflight).items():
-                if decisions.get(key) != "prune":  # prune wins over stop
-                    decisions[key] = decision
-        return decisions
-
     def fn(ref: TableRef) -> TableRef:
-        table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment if hooks else None)
+        on_segment = SegmentHooks(ctx, hooks) if hooks else None
+        table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment)
         table = conform(table, where=f"output of generate stage {gen.label!r}")
         return rt.stash.put(_key(ctx, gen.label), _mark_unfinished(table, gen.label))
     return fn
@@ -304,6 +340,34 @@ def rollout_metrics(table: pa.Table) -> dict[str, float]:
     dropped = table.filter(pc.invert(table.column(col.KEPT)))
     for stage, count in _counts(dropped.column(col.DROPPED_BY)).items():
         out[f"dropped/{stage}"] = float(count)
+    out.update(_control_metrics(table, n_tokens))
+    out.update(_replay_metrics(table, n_tokens, kept))
+    return out
+
+
+def _control_metrics(table: pa.Table, n_tokens: np.ndarray) -> dict[str, float]:
+    """Partial (to be continued) and pruned rollouts, the shares of rollouts and of stored
+    tokens pruned (ARRoL reports both), and rows with a parent (continued, branched)."""
+    status = np.asarray(table.column(col.STATUS).to_pylist(), dtype=object)
+    pruned = status == "pruned"
+    return {"partial": float((status == "partial").sum()), "pruned": float(pruned.sum()),
+            "pruned_frac": float(pruned.mean()) if len(status) else 0.0,
+            "pruned_token_frac": float(n_tokens[pruned].sum()) / max(float(n_tokens.sum()), 1.0),
+            "with_parent": float(table.num_rows - table.column(col.PARENT_ID).null_count)}
+
+
+def _replay_metrics(table: pa.Table, n_tokens: np.ndarray, kept: np.ndarray) -> dict[str, float]:
+    """Rows reused from earlier steps (``replay_count > 0``; nothing was generated for
+    them now): count, tokens, share of the kept batch, and staleness in policy versions
+    against the newest version among the step's new rows (the policy generating now)."""
+    replayed = table.column(col.REPLAY_COUNT).to_numpy(zero_copy_only=False) > 0
+    out = {"replay/rows": float(replayed.sum()), "replay/tokens": float(n_tokens[replayed].sum()),
+           "replay/share": float((replayed & kept).sum() / kept.sum()) if kept.any() else 0.0}
+    if replayed.any():
+        start = table.column(col.POLICY_VERSION_START).to_numpy(zero_copy_only=False)[replayed]
+        end = table.column(col.POLICY_VERSION_END).to_numpy(zero_copy_only=False)
+        stale = (end[~replayed].max() if (~replayed).any() else end.max()) - start
+        out.update({"replay/staleness_mean": float(stale.mean()), "replay/staleness_max": float(stale.max())})
     return out
 
 

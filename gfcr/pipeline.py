@@ -273,13 +273,24 @@ def _check_columns(stages: list[StageSpec], problems: list[str]) -> None:
         available |= set(s.writes)
 
 
+DECISIONS = {
+    "stop": "which in-flight rollouts end early and are kept as partial rollouts",
+    "prune": "which in-flight rollouts are discarded",
+    "n": "how many samples each prompt gets",
+    "max_tokens": "each prompt's token cap",
+}
+"""What the exclusive decisions (``StageSpec.owns``) of the shipped stages decide."""
+
+
 def _check_owners(stages: list[StageSpec], problems: list[str]) -> None:
     owners: dict[str, str] = {}
     for s in stages:
         for decision in sorted(s.owns):
             if decision in owners:
+                what = f" ({DECISIONS[decision]})" if decision in DECISIONS else ""
                 problems.append(f"stages {owners[decision]!r} and {s.label!r} both own the "
-                                f"{decision!r} decision; keep one of them")
+                                f"{decision!r} decision{what}: only one stage may take it, "
+                                "or each rule would undo the other's; keep one of them")
             owners.setdefault(decision, s.label)
 
 

@@ -110,6 +110,9 @@ class RunSummary:
     steps: int
     rollouts: int
     accuracy_before: float
+    """Held-out accuracy at the start of the run, before any training (warm start too)."""
+    accuracy_warmstart: float | None
+    """After the warm start, before the first step (None without a warm start)."""
     accuracy_after: float
     seconds: float
     warmstart: dict[str, float] = field(default_factory=dict)
@@ -178,52 +181,55 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
 
 def _drive(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
            stash: Any, call: Callable[..., Any], started: float) -> RunSummary:
-    rt, warm = _build(pipeline, root, run_id, stash, store, call, hooks)
+    rt, policy = _build(pipeline, run_id, stash, store)
     heldout = pipeline.task.heldout_prompts().slice(0, pipeline.evaluation.size)
     ev = pipeline.evaluation
 
-    def evaluate_at(step: int) -> float:
-        _emit(hooks, "on_phase", phase=f"evaluate[step={step}]")
-        result = call(f"evaluate[step={step}]",
+    def evaluate_at(label: str, step: int) -> float:
+        _emit(hooks, "on_phase", phase=f"evaluate[{label}]")
+        result = call(f"evaluate[{label}]",
                       lambda: evaluate(rt.task, rt.engine, heldout, max_tokens=ev.max_tokens))
-        _emit(hooks, "on_eval", step=step, accuracy=result["accuracy"])
+        _emit(hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
         return result["accuracy"]
 
-    before = evaluate_at(0)
+    before = warmed = None
+    warm: dict[str, float] = {}
+    if pipeline.warmstart is not None:
+        before = evaluate_at("initial", 0)
+        _emit(hooks, "on_phase", phase="warmstart")
+        warm = dict(call("warmstart", lambda: pipeline.warmstart.run(
+            policy, pipeline.task, seed=pipeline.seed, cache_dir=root / "cache")))
+        rt.engine.update_weights()
+    warmed = evaluate_at("step=0", 0)
     history: list[dict[str, float]] = []
     for step in range(pipeline.steps):
         report: StepReport = run_step(rt, run_id, step, call)
         if ev.every and (step + 1) % ev.every == 0 and step + 1 < pipeline.steps:
-            report.metrics["heldout_accuracy"] = evaluate_at(step + 1)
+            report.metrics["heldout_accuracy"] = evaluate_at(f"step={step + 1}", step + 1)
         history.append(report.metrics)
         _emit(hooks, "on_step", step=step, metrics=report.metrics)
-    after = evaluate_at(pipeline.steps)
+    after = evaluate_at(f"step={pipeline.steps}", pipeline.steps)
     summary = RunSummary(
         run_id=run_id, pipeline=pipeline.name, spec_hash=pipeline.spec_hash(),
         store=str(store.uri), mlflow=None, steps=pipeline.steps,
         rollouts=int(store.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?",
                                [run_id]).column("n")[0].as_py()),
-        accuracy_before=before, accuracy_after=after,
+        accuracy_before=warmed if before is None else before,
+        accuracy_warmstart=warmed if before is not None else None, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=warm, history=history)
     _emit(hooks, "on_end", summary=summary, status="finished")
     return summary
 
 
-def _build(pipeline: Pipeline, root: Path, run_id: str, stash: Any, store: Any,
-           call: Callable[..., Any], hooks: list[Any]) -> tuple[Runtime, dict[str, float]]:
-    """Policy, warm start, engine and learner: built once, kept for the whole run."""
+def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any) -> tuple[Runtime, Any]:
+    """Policy, engine and learner: built once, kept for the whole run."""
     policy = pipeline.policy.build(seed=pipeline.seed)
-    warm: dict[str, float] = {}
-    if pipeline.warmstart is not None:
-        _emit(hooks, "on_phase", phase="warmstart")
-        warm = call("warmstart", lambda: pipeline.warmstart.run(
-            policy, pipeline.task, seed=pipeline.seed, cache_dir=root / "cache"))
     engine = pipeline.engine.build(policy, seed=pipeline.seed)
     trainers = pipeline.of_kind("train")
     learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
                  stash=stash, commit=store.commit_step, history=_history(store, run_id))
-    return rt, dict(warm or {})
+    return rt, policy
 
 
 def _history(store: Any, run_id: str) -> Callable[[int], Any]:

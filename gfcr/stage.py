@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
-from gfcr.engine import Decision, Engine, Inflight, SegmentHook
+from gfcr.engine import Decision, Engine, Flight, Inflight, SegmentHook
 
 StageKind = Literal["replay", "control", "generate", "filter", "train"]
 ComponentKind = Literal["task", "policy", "engine", "warmstart"]
@@ -85,6 +85,9 @@ class StepContext:
     """Generation round inside the step: 0, then 1, 2, ... while a filter asks to refill."""
     quota: int | None = None
     """Prompts wanted in this round (None: the select stages' own batch size)."""
+    flight: Flight | None = None
+    """Inside on_segment hooks: the whole generate call as hooks know it (gfcr.engine.Flight);
+    None elsewhere."""
     _rng: dict[str, np.random.Generator] = field(default_factory=dict, repr=False)
 
     def rng(self, stage: str) -> np.random.Generator:

@@ -74,10 +74,11 @@ class MlflowHook:
         finite = {_key(k): v for k, v in metrics.items() if math.isfinite(v)}
         mlflow.log_metrics(finite, step=step)
 
-    def on_eval(self, *, step: int, accuracy: float, **_: Any) -> None:
+    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
         import mlflow
 
-        mlflow.log_metric("heldout_accuracy", accuracy, step=step)
+        name = "heldout_accuracy_initial" if label == "initial" else "heldout_accuracy"
+        mlflow.log_metric(name, accuracy, step=step)
 
     def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
         import mlflow

@@ -99,3 +99,17 @@ def test_reward_and_heldout_accuracy_rise_on_a_learnable_task(tmp_path):
     rewards = [m["reward_mean"] for m in summary.history]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
     assert summary.accuracy_before < 0.5 <= summary.accuracy_after, summary
+
+
+def test_warm_start_is_measured_and_cached(tmp_path):
+    from stages import SFT
+
+    p = tiny_pipeline(warmstart=SFT(steps=20, batch_size=16), steps=1)
+    first = execute(p, root=tmp_path, executor="local")
+    assert first.warmstart["cached"] == 0.0 and first.accuracy_warmstart is not None
+    again = execute(p, root=tmp_path, executor="local")
+    assert again.warmstart["cached"] == 1.0
+    assert again.accuracy_warmstart == first.accuracy_warmstart  # same weights from cache
+    assert again.accuracy_before == first.accuracy_before
+    t = _rows(tmp_path, again.run_id)
+    assert set(t["policy_version_start"].to_pylist()) == {1}  # the warm start is version 1
