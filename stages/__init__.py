@@ -5,15 +5,38 @@ tasks. gfcr finds this package through the ``gfcr.plugins`` entry point; the cla
 re-exported here so a pipeline file can write ``from stages import GroupSample, Verify``.
 """
 
+from stages.control.allocate import RolloutAllocator
+from stages.control.budget import TokenBudget
+from stages.control.partial import ActivePartialRollouts
+from stages.control.prune import OnlinePrune
 from stages.engines.hf import HF
 from stages.engines.tiny import HFCheckpoint, TinyLlama
+from stages.filter.d3s import D3S
 from stages.filter.dynamic import DynamicSampling
+from stages.filter.overlong import Overlong
+from stages.filter.roc import ResampleOnCorrect
+from stages.filter.sandbox import Limits
+from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
+from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
+from stages.generate.tree import TreeRollout
+from stages.replay.cross_run import CrossRunReplay
+from stages.replay.dots import DOTS
+from stages.replay.gdro import PromptGDRO
+from stages.replay.insight import InSight
+from stages.replay.recycle import RecyclePartials
+from stages.replay.rollout_replay import RolloutReplay
 from stages.replay.uniform import UniformSampler
+from stages.replay.vade import VADE
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
 __all__ = ["HF", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
-           "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT"]
+           "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
+           "D3S", "Overlong", "ResampleOnCorrect", "Limits", "CodeTests", "Function", "Match",
+           "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
+           "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
+           "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
+           "CrossRunReplay"]

@@ -10,7 +10,8 @@ from pydantic import Field
 from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook
 from gfcr.rollout import ROLLOUT_SCHEMA, col
 from gfcr.stage import StageSpec, StepContext, register
-from stages.generate.rows import rollout_row, stable_id, to_table
+from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
+                                  plan_samples, rollout_row, stable_id, to_table)
 
 GENERATED = frozenset(ROLLOUT_SCHEMA.names) - {
     col.REWARD, col.REWARDS, col.SCORE_ERROR, col.ADVANTAGE, col.CONSUMED_AT_STEP}
@@ -24,6 +25,12 @@ class GroupSample(StageSpec):
     A Control stage may set a per-prompt ``n`` and ``max_tokens`` in the plan (columns of
     those names); otherwise these fields apply to every prompt. Sampling is seeded from
     (run seed, step), so reruns and resumed runs draw the same samples.
+
+    A plan row with a ``recycle`` column (see :mod:`stages.generate.rows`) is an unfinished
+    group brought back by a Replay stage: its samples continue from their stored tokens,
+    keep their group id and first policy version, and point to the stored row through
+    ``parent_id``; finished samples are carried over without generating. A group with a
+    stopped sample is held whole as partial (APRIL), so it is trained with all its samples.
 
     >>> GroupSample(n=8, max_tokens=16, temperature=1.0)  # doctest: +ELLIPSIS
     GroupSample(name=None, type='group', n=8, ...)
@@ -48,17 +55,27 @@ class GroupSample(StageSpec):
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
         prompts = plan.to_pylist()
-        requests, owners = [], []
+        requests, slots = [], []
         for p_idx, prompt in enumerate(prompts):
             ids = engine.encode(prompt[col.PROMPT])
-            for i in range(int(prompt.get("n") or self.n)):
-                requests.append(GenRequest(key=len(requests), prompt_ids=ids,
-                                           max_tokens=prompt.get("max_tokens")))
-                owners.append((p_idx, i))
+            group_id = (prompt.get(col.GROUP_ID)
+                        or stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx))
+            for sample in plan_samples(prompt, self.n):
+                key = None
+                if sample["finish_reason"] is None:  # carried-over samples are not generated
+                    key = len(requests)
+                    requests.append(GenRequest(
+                        key=key, prompt_ids=ids, prefix_ids=list(sample["prefix_ids"]),
+                        prefix_logprobs=list(sample["prefix_logprobs"]),
+                        max_tokens=prompt.get("max_tokens")))
+                slots.append((p_idx, group_id, ids, sample, key))
+        if hasattr(on_segment, "expect"):  # hooks that count groups see the layout
+            on_segment.expect({k: g for _, g, _, _, k in slots if k is not None})
         outputs = engine.generate(requests, self.params(ctx), on_segment)
         rows = []
-        for req, out, (p_idx, i) in zip(requests, outputs, owners):
-            group_id = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
-            rows.append(rollout_row(ctx, prompts[p_idx], group_id, i, req.prompt_ids,
-                                    out, engine))
-        return to_table(rows)
+        for p_idx, group_id, ids, sample, key in slots:
+            out = (carried_output(sample) if key is None
+                   else continued_output(outputs[key], sample))
+            rows.append(rollout_row(ctx, prompts[p_idx], group_id, sample["sample_idx"], ids,
+                                    out, engine, parent_id=sample["parent_id"]))
+        return to_table(hold_unfinished_groups(rows))

@@ -1,9 +1,15 @@
-"""Turning engine outputs into rollout rows: shared by every Generate stage."""
+"""Turning engine outputs into rollout rows: shared by every Generate stage.
+
+Also the plan's ``recycle`` column, the contract between a Replay stage that brings back
+unfinished groups (``stages.replay.recycle.RecyclePartials``) and a Generate stage that
+continues them, and the rule that a group is trained whole (:func:`hold_unfinished_groups`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -11,6 +17,20 @@ import pyarrow as pa
 from gfcr.engine import Engine, GenOutput
 from gfcr.rollout import ROLLOUT_SCHEMA, col
 from gfcr.stage import StepContext
+
+RECYCLE = "recycle"
+"""Plan column of a recycled group: one struct per sample (:data:`RECYCLE_TYPE`), null for
+a fresh prompt. A recycled plan row also carries its original ``group_id``."""
+
+RECYCLE_TYPE = pa.list_(pa.struct([
+    ("sample_idx", pa.int32()), ("parent_id", pa.string()),
+    ("prefix_ids", pa.list_(pa.int32())), ("prefix_logprobs", pa.list_(pa.float32())),
+    ("policy_version_start", pa.int64()), ("policy_version_end", pa.int64()),
+    ("finish_reason", pa.string())]))
+"""Per sample of a recycled group, what to do with the stored row ``parent_id``:
+continue it from ``prefix_ids``/``prefix_logprobs`` (``finish_reason`` null), carry it
+over unchanged (a finished sibling: ``finish_reason`` set), or restart it from scratch
+(empty prefix, ``policy_version_start`` null)."""
 
 STATUS_OF = {"stop": "complete", "length": "complete", "aborted": "partial",
              "pruned": "pruned"}
@@ -47,3 +67,44 @@ def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+
+
+def plan_samples(prompt: dict[str, Any], default_n: int) -> list[dict[str, Any]]:
+    """The samples a plan row asks for: its ``recycle`` structs, or ``n`` fresh ones."""
+    recycled = prompt.get(RECYCLE)
+    if recycled is not None:
+        return sorted(recycled, key=lambda s: s["sample_idx"])
+    n = default_n if prompt.get("n") is None else int(prompt["n"])
+    return [{"sample_idx": i, "parent_id": None, "prefix_ids": [], "prefix_logprobs": [],
+             "policy_version_start": None, "policy_version_end": None, "finish_reason": None}
+            for i in range(n)]
+
+
+def carried_output(sample: dict[str, Any]) -> GenOutput:
+    """A finished sample carried over unchanged (no tokens generated, versions kept)."""
+    return GenOutput(key=-1, completion_ids=list(sample["prefix_ids"]),
+                     logprobs=list(sample["prefix_logprobs"]),
+                     finish_reason=sample["finish_reason"],
+                     version_start=sample["policy_version_start"],
+                     version_end=sample["policy_version_end"], seconds=0.0)
+
+
+def continued_output(out: GenOutput, sample: dict[str, Any]) -> GenOutput:
+    """A continuation keeps the policy version of its first token (the original's)."""
+    start = sample.get("policy_version_start")
+    return out if start is None else replace(out, version_start=int(start))
+
+
+def hold_unfinished_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A group is trained whole: when any sample of a group was stopped (partial), its
+    finished samples are held as partial too (their ``finish_reason`` is kept), to be
+    carried over when the group is continued. Pruned samples do not hold a group.
+
+    This is how APRIL and slime recycle an unfinished group (Zhou et al. 2025): the group
+    advantage is then computed over all of its samples, never over the early finishers.
+    """
+    held = {r[col.GROUP_ID] for r in rows if r[col.STATUS] == "partial"}
+    for r in rows:
+        if r[col.GROUP_ID] in held and r[col.STATUS] == "complete":
+            r[col.STATUS] = "partial"
+    return rows

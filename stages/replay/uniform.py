@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_COLUMNS
+from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA
 from gfcr.stage import StageSpec, StepContext, register
 
 
@@ -39,5 +39,6 @@ class UniformSampler(StageSpec):
             raise ValueError(f"stage {self.label!r}: the task has no training prompts")
         rng = ctx.rng(self.label)
         take = rng.choice(pool.num_rows, size=missing, replace=missing > pool.num_rows)
-        drawn = pool.take(pa.array(take)).select(chosen.column_names)
-        return pa.concat_tables([chosen, drawn.cast(chosen.schema)])
+        drawn = pool.take(pa.array(take)).select(PROMPT_SCHEMA.names).cast(PROMPT_SCHEMA)
+        # an earlier stage may have added plan columns (e.g. recycled groups): nulls here
+        return pa.concat_tables([chosen, drawn], promote_options="permissive")

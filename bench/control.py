@@ -1,0 +1,281 @@
+"""Control benchmark: active partial rollouts, online pruning and token budgets on a
+long-tailed workload (``bench/_longtail.py``: a tiny model warm-started here on answers
+whose lengths follow a power law; lengths are what the model samples).
+
+    .venv/bin/python bench/control.py            # table
+    .venv/bin/python bench/control.py --json     # one JSON object
+    .venv/bin/python bench/control.py --threads 1 --clock process   # on a shared CPU box
+
+Figures:
+
+- ``april_throughput_gain``: completed rollouts per second of generation with active
+  partial rollouts (12 groups of 4 asked for, the rest stopped once 8 are complete and
+  continued first next step) over synchronous generation of 8 groups of 4 (the same
+  batch size), minus 1. Both runs use the same weights, the real loop and store, and are
+  interleaved step by step in one process, the order alternating; median over repeats.
+  A completed rollout is one that reaches the filters (status complete); time is the
+  generate stage's. Partials still pending when the run ends count as nothing (this
+  favours the baseline).
+- ``discarded``: rollouts generated and then neither completed nor stored as partial and
+  continued later (pruned rows, and partials before the last step that no row
+  continues). Must be 0.
+- ``prune_token_saving`` / ``budget_token_saving``: 1 - generated tokens of a short GRPO
+  run with ``OnlinePrune`` / ``TokenBudget`` (half the baseline's tokens per step) over
+  the same run without, same seeds and steps, with the held-out greedy accuracy of each
+  after the run. "Equal" accuracy: the two accuracies differ by less than two standard
+  errors of a difference of proportions on the held-out set, i.e. this benchmark cannot
+  tell them apart; ``*_equal_accuracy`` says whether that held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+# Run as a script, this folder comes first on sys.path and bench/store.py would shadow the
+# ``store`` package: import the packages without it, then put it back for ``_longtail``.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
+
+import torch  # noqa: E402
+
+from gfcr import Evaluation, Pipeline  # noqa: E402
+from gfcr.loop import Runtime, run_step  # noqa: E402
+from gfcr.run import MemoryStash, execute  # noqa: E402
+from stages import (GRPO, HF, ActivePartialRollouts, GroupSample, OnlinePrune,  # noqa: E402
+                    RecyclePartials, TokenBudget, UniformSampler, Verify)
+from stages.replay.recycle import recycle_counts  # noqa: E402
+from store import History, RolloutStore  # noqa: E402
+
+sys.path.insert(0, _HERE)
+from _longtail import MAX_TOKENS, POLICY, WARMSTART, Repeat  # noqa: E402
+
+OVER = 1.5
+"""APRIL's over-provisioning: groups asked for per group trained on."""
+BUDGET_SHARE = 0.5
+"""TokenBudget's per-step budget as a share of the baseline's tokens per step (DUET's 50%)."""
+LR = 3e-4
+"""GRPO's learning rate in the savings runs: at 1e-3 this 0.1M-parameter policy collapses
+within a few steps (held-out accuracy 0.70 -> 0.28 in 12 steps), at 3e-4 it holds."""
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
+
+def _pipeline(stages: list[Any], *, seed: int, steps: int, warm: bool = True) -> Pipeline:
+    return Pipeline(name="control-bench", seed=seed, steps=steps, task=Repeat(), policy=POLICY,
+                    engine=HF(device="cpu"), warmstart=WARMSTART if warm else None,
+                    stages=stages, evaluation=Evaluation(size=128, max_tokens=MAX_TOKENS))
+
+
+def _sample(n: int) -> GroupSample:
+    return GroupSample(n=n, temperature=1.0, max_tokens=MAX_TOKENS, segment_tokens=4)
+
+
+# --------------------------------------------------------------------------- APRIL
+
+
+def _runtime(p: Pipeline, store: RolloutStore, run_id: str, policy: Any) -> Runtime:
+    """The loop's runtime for ``p`` on a shared, already warm-started policy."""
+    store.start_run(run_id, pipeline=p.name, spec_yaml=p.to_yaml(), spec_hash=p.spec_hash(),
+                    code_version="bench")
+
+    def history(step: int) -> History:
+        return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+    return Runtime(pipeline=p, task=p.task, engine=p.engine.build(policy, seed=p.seed),
+                   learner=None, stash=MemoryStash(), commit=store.commit_step,
+                   history=history)
+
+
+def _timed(spent: dict[str, float], key: str, clock: str) -> Callable[..., Any]:
+    """An executor call that adds the generate stage's time to ``spent[key]``."""
+    def call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t = CLOCKS[clock]()
+        out = fn(*args)
+        if name.startswith("group["):
+            spent[key] += CLOCKS[clock]() - t
+        return out
+    return call
+
+
+def _tally(store: RolloutStore, run_id: str, last: int) -> dict[str, int]:
+    row = store.sql("""
+        WITH r AS (SELECT * FROM rollouts WHERE run_id = $run)
+        SELECT count_if(status = 'complete') AS complete,
+               count_if(status = 'pruned') + count_if(status = 'partial' AND step < $last
+                   AND rollout_id NOT IN (SELECT parent_id FROM r WHERE parent_id IS NOT NULL))
+                   AS discarded
+        FROM r""", {"run": run_id, "last": last}).to_pylist()[0]
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def april_vs_sync(root: Path, *, batch: int, n: int, steps: int, repeats: int,
+                  clock: str) -> dict[str, Any]:
+    """Completed-rollout throughput of APRIL over synchronous generation (see module doc)."""
+    policy = POLICY.build(seed=0)
+    WARMSTART.run(policy, Repeat(), seed=0, cache_dir=root / "cache")
+    gains, detail, discarded = [], [], 0
+    for r in range(repeats):
+        runs = {"sync": _pipeline([UniformSampler(batch=batch), _sample(n), Verify()],
+                                  seed=r, steps=steps, warm=False),
+                "april": _pipeline([RecyclePartials(), UniformSampler(batch=math.ceil(batch * OVER)),
+                                    ActivePartialRollouts(over_provision=OVER), _sample(n),
+                                    Verify()], seed=r, steps=steps, warm=False)}
+        spent = {k: 0.0 for k in runs}
+        with RolloutStore.open(root / f"april-{r}") as store:
+            rts = {k: _runtime(p, store, f"{k}-{r}", policy) for k, p in runs.items()}
+            for step in range(steps):
+                order = list(runs) if (step + r) % 2 == 0 else list(runs)[::-1]
+                for k in order:
+                    run_step(rts[k], f"{k}-{r}", step, _timed(spent, k, clock))
+            tally = {k: _tally(store, f"{k}-{r}", steps - 1) for k in runs}
+            lineage = recycle_counts(store, f"april-{r}")
+        rate = {k: tally[k]["complete"] / spent[k] for k in runs}
+        gains.append(rate["april"] / rate["sync"] - 1)
+        discarded += tally["april"]["discarded"] + tally["sync"]["discarded"]
+        detail.append({"sync_rollouts_per_s": rate["sync"], "april_rollouts_per_s": rate["april"],
+                       "sync_complete": tally["sync"]["complete"],
+                       "april_complete": tally["april"]["complete"], **lineage})
+    return {"april_throughput_gain": statistics.median(gains), "discarded": discarded,
+            "april_gains": gains, "april_runs": detail}
+
+
+# --------------------------------------------------------------------------- savings
+
+
+def _train(root: Path, control: list[Any], seed: int, steps: int) -> dict[str, float]:
+    p = _pipeline([UniformSampler(batch=8), *control, _sample(8), Verify(), GRPO(lr=LR)],
+                  seed=seed, steps=steps)
+    s = execute(p, root=root, executor="local")
+    return {"tokens": sum(m["tokens"] for m in s.history), "accuracy": s.accuracy_after,
+            "accuracy_before": s.accuracy_before,
+            "pruned_frac": statistics.fmean(m.get("pruned_frac", 0.0) for m in s.history)}
+
+
+def _equal(a: float, b: float, n: int) -> bool:
+    """Whether accuracies ``a`` and ``b`` on ``n`` held-out prompts each differ by less
+    than two standard errors of their difference (pooled)."""
+    p = (a + b) / 2
+    return abs(a - b) < 2 * math.sqrt(max(p * (1 - p), 1e-12) * 2 / n)
+
+
+def savings(root: Path, *, steps: int, seeds: list[int]) -> dict[str, Any]:
+    """Tokens saved by OnlinePrune and TokenBudget against plain GRPO, same seeds."""
+    runs: dict[str, list[dict[str, float]]] = {"base": [], "prune": [], "budget": []}
+    for seed in seeds:
+        base = _train(root, [], seed, steps)
+        budget = int(BUDGET_SHARE * base["tokens"] / steps)
+        runs["base"].append(base)
+        runs["prune"].append(_train(root, [OnlinePrune(min_tokens=4, window=4)], seed, steps))
+        runs["budget"].append(_train(root, [TokenBudget(budget=budget, split="informative",
+                                                        abort="prune")], seed, steps))
+    total = {k: sum(r["tokens"] for r in v) for k, v in runs.items()}
+    acc = {k: statistics.fmean(r["accuracy"] for r in v) for k, v in runs.items()}
+    n = 128 * len(seeds)
+    out: dict[str, Any] = {"train_steps": steps, "seeds": seeds, "accuracy": acc,
+                           "tokens": total, "runs": runs}
+    for k in ("prune", "budget"):
+        out[f"{k}_token_saving"] = 1 - total[k] / total["base"]
+        out[f"{k}_equal_accuracy"] = _equal(acc[k], acc["base"], n)
+    return out
+
+
+# --------------------------------------------------------------------------- tree slot
+
+
+def tree_row(args: argparse.Namespace) -> dict[str, Any] | None:
+    """TREE ROLLOUTS: distinct answers per prompt of LATR trees (8 leaves) over those of
+    independent samples given the same tokens, shared prefixes counted once
+    (bench/_tree.py; standalone: bench/tree.py). The warm start is the default
+    pipeline's, cached under .gfcr/cache."""
+    from _tree import tree_vs_independent
+
+    r = tree_vs_independent(seeds=tuple(args.seeds))
+    t, i = r["tree"], r["independent"]
+    return {"figure": "tree_distinct_ratio", "value": round(r["distinct_ratio"], 3),
+            "baseline": "independent samples, same tokens",
+            "note": (f"distinct/prompt {t['distinct_per_prompt']:.2f} vs "
+                     f"{i['distinct_per_prompt']:.2f} at {t['tokens_per_prompt']:.1f} vs "
+                     f"{i['tokens_per_prompt']:.1f} tokens; coverage {t['coverage']:.3f} vs "
+                     f"{i['coverage']:.3f}")}
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _rows(result: dict[str, Any], tree: dict[str, Any] | None) -> list[list[str]]:
+    a, s = result, result["savings"]
+    rows = [["april_throughput_gain", f"{a['april_throughput_gain']:+.1%}",
+             "synchronous, same batch",
+             "gains " + ", ".join(f"{g:+.0%}" for g in a["april_gains"]) + "; target >= +20%"],
+            ["discarded", str(a["discarded"]), "-", "must be 0"]]
+    for k, name in (("prune", "OnlinePrune"), ("budget", "TokenBudget 50%")):
+        rows.append([f"{k}_token_saving", f"{s[f'{k}_token_saving']:+.1%}", "plain GRPO",
+                     f"{name}: accuracy {s['accuracy'][k]:.3f} vs {s['accuracy']['base']:.3f}"
+                     f" ({'equal' if s[f'{k}_equal_accuracy'] else 'NOT equal'})"])
+    if tree:
+        rows.append([tree["figure"], str(tree["value"]), tree["baseline"], tree["note"]])
+    return rows
+
+
+def _print(rows: list[list[str]]) -> None:
+    headers = ["figure", "value", "against", "note"]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        for line in [headers, *rows]:
+            print("\t".join(line))
+        return
+    table = Table(title="Control on a long-tailed workload")
+    for h in headers:
+        table.add_column(h)
+    for line in rows:
+        table.add_row(*line)
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--steps", type=int, default=10, help="APRIL/sync steps per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--train-steps", type=int, default=12)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads; 1 (default) is fastest for these tiny models "
+                             "and steadiest on a shared machine")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = april_vs_sync(Path(tmp), batch=8, n=4, steps=args.steps,
+                               repeats=args.repeats, clock=args.clock)
+        result["savings"] = savings(Path(tmp), steps=args.train_steps, seeds=args.seeds)
+    tree = tree_row(args)
+    if tree:
+        result["tree_distinct_ratio"] = tree["value"]
+    result["seconds"] = time.perf_counter() - started
+    result["settings"] = {"clock": args.clock, "threads": torch.get_num_threads(),
+                          "steps": args.steps, "repeats": args.repeats}
+    if args.json:
+        sv = result["savings"]
+        print(json.dumps({**result, "april_throughput_gain": round(result["april_throughput_gain"], 4),
+                          "prune_token_saving": round(sv["prune_token_saving"], 4),
+                          "budget_token_saving": round(sv["budget_token_saving"], 4),
+                          "prune_equal_accuracy": sv["prune_equal_accuracy"],
+                          "budget_equal_accuracy": sv["budget_equal_accuracy"]}, default=str))
+        return
+    _print(_rows(result, tree))
+    print(f"{result['seconds']:.0f} s; settings: {result['settings']}")
+
+
+if __name__ == "__main__":
+    main()

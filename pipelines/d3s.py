@@ -1,0 +1,34 @@
+"""D³S: train on each group's max-Var(A) half and the highest |A|·H half of the tokens at
+first, relaxing to everything over 40 steps ("Learning More with Less: A Dynamic
+Dual-Level Down-Sampling Framework for Efficient Policy Optimization", 2025).
+
+The token level is applied by the trainer from the ``token_keep_ratio`` column (see
+``stages.filter.d3s``).
+"""
+
+from gfcr import Evaluation, Pipeline
+from stages import (D3S, GRPO, HF, SFT, GroupSample, ReasoningGym, TinyLlama, UniformSampler,
+                    Verify)
+
+pipeline = Pipeline(
+    name="d3s",
+    seed=0,
+    steps=40,
+    task=ReasoningGym(dataset="chain_sum",
+                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+    policy=TinyLlama(),
+    engine=HF(device="cpu"),
+    warmstart=SFT(),
+    stages=[
+        # --- Replay
+        UniformSampler(batch=16),
+        # --- Generate
+        GroupSample(n=8, temperature=1.0, max_tokens=8),
+        # --- Filter: verify, then dual-level down-sampling on a relaxing schedule
+        Verify(),
+        D3S(keep=0.5, token_keep=0.5, relax_steps=40),
+        # --- Train
+        GRPO(),
+    ],
+    evaluation=Evaluation(size=256, max_tokens=8),
+)

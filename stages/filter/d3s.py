@@ -1,0 +1,133 @@
+"""D³S: dynamic dual-level down-sampling ("Learning More with Less: A Dynamic Dual-Level
+Down-Sampling Framework for Efficient Policy Optimization", 2025).
+
+The policy-gradient norm is bounded by a quantity that grows with the variance of the
+advantages in the batch, so a group trains best on its most spread-out rollouts:
+
+- **Sample level**: keep, in each group, the ``k`` rollouts whose advantages have the
+  largest variance. The best ``k``-subset is always the ``j`` lowest plus the ``k - j``
+  highest advantages for some ``j`` (the extremes); every ``j`` is tried and the most
+  balanced one wins ties.
+- **Token level**: keep the tokens with the largest ``|A_i| * H_{i,t}`` (advantage
+  magnitude times the policy's entropy at that token). The entropy needs the policy's
+  logits, which a filter does not have, so this stage writes the kept share and the
+  trainer applies it (see :data:`TOKEN_KEEP_RATIO` and :func:`token_mask`).
+- **Schedule**: both shares start at ``keep`` / ``token_keep`` and relax linearly to 1
+  (no down-sampling) over ``relax_steps`` steps: aggressive early, gentle later.
+
+Departure: advantages here are the group estimator's (``advantage``, default GRPO) over
+the group's kept rollouts; the trainer recomputes advantages on the subset it gets.
+
+>>> D3S(keep=0.5, token_keep=0.5, relax_steps=100)  # doctest: +ELLIPSIS
+D3S(name=None, type='d3s', keep=0.5, token_keep=0.5, relax_steps=100, advantage='grpo')
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, field_validator
+
+from gfcr.rollout import col
+from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from stages.filter._table import set_column
+from stages.train.advantages import ADVANTAGES, lookup_advantage
+
+TOKEN_KEEP_RATIO = "token_keep_ratio"
+"""Extra column (float64, null = keep every token). For the trainer: among the batch's
+completion tokens, keep for the loss the ``token_keep_ratio`` share with the largest
+``|advantage| * entropy`` — the entropy of the policy's next-token distribution at the
+training temperature, from the trainer's own forward pass — and mask the rest
+(:func:`token_mask` does exactly this). One value per step; every kept row carries it."""
+
+
+@register("filter")
+class D3S(StageSpec):
+    """Keep each group's max-Var(A) subset; pass the token share on to the trainer."""
+
+    type: Literal["d3s"] = "d3s"
+    keep: float = Field(0.5, gt=0.0, le=1.0)
+    """Share of each group kept at step 0 (at least 2 rollouts)."""
+    token_keep: float | None = Field(0.5, gt=0.0, le=1.0)
+    """Share of tokens kept at step 0; None turns the token level off."""
+    relax_steps: int = Field(100, ge=1)
+    advantage: str = "grpo"
+
+    reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
+    writes: ClassVar[frozenset[str]] = frozenset({TOKEN_KEEP_RATIO})
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, value: str) -> str:
+        if value not in ADVANTAGES:
+            raise ValueError(f"advantage {value!r} is not registered; known: "
+                             f"{', '.join(sorted(ADVANTAGES))}")
+        return value
+
+    def shares(self, step: int) -> tuple[float, float | None]:
+        """(sample share, token share) at ``step``: linear from the start values to 1."""
+        t = min(1.0, step / self.relax_steps)
+        token = None if self.token_keep is None else self.token_keep + (1 - self.token_keep) * t
+        return self.keep + (1 - self.keep) * t, token
+
+    def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
+        keep_share, token_share = self.shares(ctx.step)
+        reward = rollouts.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float)
+        kept = rollouts.column(col.KEPT).to_numpy(zero_copy_only=False)
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, g in enumerate(rollouts.column(col.GROUP_ID).to_pylist()):
+            if kept[i] and not np.isnan(reward[i]):
+                groups[g].append(i)
+        estimator = lookup_advantage(self.advantage)
+        rng = ctx.rng(self.label)
+        keep = np.ones(rollouts.num_rows, bool)
+        for members in groups.values():
+            idx = np.array(members)
+            adv = estimator(reward[idx], np.zeros(len(idx), int))
+            k = max(2, math.ceil(keep_share * len(idx)))
+            chosen = max_variance_subset(adv, k, rng)
+            keep[np.delete(idx, chosen)] = False
+        ratio = pa.array([token_share if token_share is not None and token_share < 1 else None]
+                         * rollouts.num_rows, pa.float64())
+        table = set_column(rollouts, TOKEN_KEEP_RATIO, ratio)
+        return FilterResult(table, keep=keep.tolist(),
+                            reason="d3s: outside the group's max-Var(A) subset")
+
+
+def max_variance_subset(adv: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions of the ``k`` values of ``adv`` with the largest (population) variance:
+    the ``j`` lowest and ``k - j`` highest for the best ``j``; ties between equal values
+    are broken at random, ties between ``j`` by balance."""
+    n = len(adv)
+    if k >= n:
+        return np.arange(n)
+    order = np.lexsort((rng.random(n), adv))
+    best, best_key = order[:k], (-np.inf, -np.inf)
+    for j in range(k + 1):
+        subset = np.concatenate([order[:j], order[n - (k - j):]])
+        key = (round(float(np.var(adv[subset])), 12), -abs(j - k / 2))
+        if key > best_key:
+            best, best_key = subset, key
+    return np.sort(best)
+
+
+def token_mask(advantages: list[float], entropies: list[np.ndarray],
+               ratio: float | None) -> list[np.ndarray]:
+    """D³S's token level for a batch: per row, True for tokens kept in the loss.
+
+    Keeps the ``ratio`` share of all tokens with the largest ``|A_i| * H_{i,t}`` (at
+    least one token; ties at the threshold are kept). ``ratio`` None or >= 1 keeps all.
+    """
+    if ratio is None or ratio >= 1 or not entropies:
+        return [np.ones(len(h), bool) for h in entropies]
+    scores = [abs(a) * np.asarray(h, float) for a, h in zip(advantages, entropies)]
+    flat = np.concatenate(scores) if scores else np.array([])
+    if flat.size == 0:
+        return [np.ones(0, bool) for _ in entropies]
+    n_keep = max(1, math.ceil(ratio * flat.size))
+    threshold = np.partition(flat, flat.size - n_keep)[flat.size - n_keep]
+    return [s >= threshold for s in scores]

@@ -1,0 +1,205 @@
+"""Verifiers: one protocol, several implementations, all used through :class:`Verify`.
+
+A verifier turns a completion into a reward. Its protocol is one method,
+``scorer(ctx) -> (completion, answer, meta) -> float``; the callable may raise (the
+Verify stage records the error in ``score_error`` and the run goes on). Implementations:
+
+- :class:`TaskScore` — the task's own scorer (reasoning-gym's ``score_answer``;
+  Stojanovski et al. 2025, "REASONING GYM").
+- :class:`MathAnswer` — math-verify (Hugging Face): the parsed completion is
+  mathematically equivalent to the parsed reference answer.
+- :class:`Match` — exact match of the stripped completion, or of the first group of a
+  regular expression, against the reference answer.
+- :class:`CodeTests` — runs model-written code against the rollout's tests in
+  :mod:`stages.filter.sandbox` (the model's code never runs in this process).
+- :class:`Function` — any ``module:function`` taking ``(completion, answer, meta)``.
+
+Verify also accepts a string shorthand: ``"task"``, ``"math"``, ``"exact"``, ``"code"``,
+``"regex:<pattern>"`` or ``"module:function"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from typing import Annotated, Any, Callable, Literal, Protocol, Union
+
+from pydantic import Field, field_validator
+
+from gfcr.stage import Spec, StepContext
+from stages.filter.sandbox import Limits, run_python
+
+Scorer = Callable[[str, Any, Any], float]
+"""``(completion, answer, meta) -> reward``; may raise."""
+
+
+class Verifier(Protocol):
+    """What Verify needs of a verifier: a scorer bound to the step's context."""
+
+    def scorer(self, ctx: StepContext) -> Scorer: ...
+
+
+class SandboxViolation(RuntimeError):
+    """The sandbox stopped the program (time, memory, processes, network, files)."""
+
+
+class TaskScore(Spec):
+    """The task component's own scorer."""
+
+    type: Literal["task"] = "task"
+
+    def scorer(self, ctx: StepContext) -> Scorer:
+        return ctx.task.score
+
+
+class MathAnswer(Spec):
+    """math-verify: 1.0 when the completion's last parsable expression equals the
+    reference answer mathematically (``1/2`` = ``0.5`` = ``\\frac{1}{2}``), else 0.0.
+    math-verify's own signal-based timeouts are off (they only work on the main thread);
+    Verify's ``timeout`` bounds the call instead."""
+
+    type: Literal["math"] = "math"
+
+    def scorer(self, ctx: StepContext) -> Scorer:
+        import math_verify
+
+        def score(completion: str, answer: Any, meta: Any) -> float:
+            if answer is None:
+                raise ValueError("math verifier: the rollout has no reference answer")
+            gold = math_verify.parse(str(answer), parsing_timeout=None)
+            pred = math_verify.parse(completion, parsing_timeout=None)
+            return float(math_verify.verify(gold, pred, timeout_seconds=None))
+        return score
+
+
+class Match(Spec):
+    """1.0 when the answer taken from the completion equals the reference answer.
+
+    Without ``pattern`` the whole stripped completion is the answer; with one, the first
+    group of its first match (or the whole match if it has no group). No match: 0.0.
+
+    >>> Match(pattern=r"answer:\\s*(-?\\d+)")  # doctest: +ELLIPSIS
+    Match(type='match', pattern='answer:\\\\s*(-?\\\\d+)', ...)
+    """
+
+    type: Literal["match"] = "match"
+    pattern: str | None = None
+    case_sensitive: bool = True
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"pattern {value!r} is not a regular expression: {err}")
+        return value
+
+    def scorer(self, ctx: StepContext) -> Scorer:
+        regex = None if self.pattern is None else re.compile(self.pattern)
+        fold = (lambda s: s) if self.case_sensitive else str.casefold
+
+        def score(completion: str, answer: Any, meta: Any) -> float:
+            if answer is None:
+                raise ValueError("match verifier: the rollout has no reference answer")
+            got = extract(completion, regex)
+            return float(got is not None and fold(got) == fold(str(answer).strip()))
+        return score
+
+
+def extract(completion: str, regex: re.Pattern | None) -> str | None:
+    """The answer in ``completion``: all of it stripped, or the regex's first group."""
+    if regex is None:
+        return completion.strip()
+    m = regex.search(completion)
+    if m is None:
+        return None
+    return (m.group(1) if regex.groups else m.group(0)).strip()
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+class CodeTests(Spec):
+    """Run the completion's code, then the rollout's tests, in the sandbox.
+
+    The code is the first fenced ```python block of the completion (else the whole
+    completion); the tests are ``meta["tests"]`` (a string, or a list of statements such
+    as ``assert f(2) == 4``) or, failing that, the reference answer. Reward: 1.0 when the
+    program exits cleanly, 0.0 when a test fails or the code raises; a program the
+    sandbox had to stop (time, memory, processes, network, files) raises
+    :class:`SandboxViolation`, which Verify records in ``score_error``.
+    """
+
+    type: Literal["code"] = "code"
+    limits: Limits = Limits()
+
+    def scorer(self, ctx: StepContext) -> Scorer:
+        def score(completion: str, answer: Any, meta: Any) -> float:
+            outcome = run_python(program(completion, answer, meta), self.limits)
+            if outcome.violation:
+                last = outcome.stderr.strip().splitlines()[-1:] or [""]
+                raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict}"
+                                       f" ({last[0][:200]})")
+            return 1.0 if outcome.verdict == "ok" else 0.0
+        return score
+
+
+def program(completion: str, answer: Any, meta: Any) -> str:
+    """The program a CodeTests verifier runs: the model's code, then the tests."""
+    fenced = _FENCE.search(completion)
+    code = fenced.group(1) if fenced else completion
+    tests: Any = None
+    if meta:
+        parsed = json.loads(meta) if isinstance(meta, str) else meta
+        tests = parsed.get("tests") if isinstance(parsed, dict) else None
+    if tests is None:
+        tests = answer
+    if tests is None:
+        raise ValueError("code verifier: the rollout has no tests (meta['tests'] or answer)")
+    if isinstance(tests, (list, tuple)):
+        tests = "\n".join(str(t) for t in tests)
+    return f"{code}\n\n# --- tests\n{tests}\n"
+
+
+class Function(Spec):
+    """A user function ``(completion, answer, meta) -> float`` named ``module:function``."""
+
+    type: Literal["function"] = "function"
+    ref: str
+
+    @field_validator("ref")
+    @classmethod
+    def _shape(cls, value: str) -> str:
+        if value.count(":") != 1 or not all(value.split(":")):
+            raise ValueError(f"ref must be 'module:function', got {value!r}")
+        return value
+
+    def scorer(self, ctx: StepContext) -> Scorer:
+        module, _, name = self.ref.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot import scorer {self.ref!r}: {err}") from None
+
+
+VerifierSpec = Annotated[Union[TaskScore, MathAnswer, Match, CodeTests, Function],
+                         Field(discriminator="type")]
+"""Any verifier config, told apart by its ``type``."""
+
+_SHORTHAND: dict[str, Callable[[], Verifier]] = {
+    "task": TaskScore, "math": MathAnswer, "exact": Match, "code": CodeTests}
+
+
+def from_shorthand(value: str) -> Verifier:
+    """The verifier a Verify ``scorer`` string names; ValueError if it names none."""
+    if value in _SHORTHAND:
+        return _SHORTHAND[value]()
+    if value.startswith("regex:"):
+        return Match(pattern=value[len("regex:"):])
+    if value.count(":") == 1:
+        return Function(ref=value)
+    raise ValueError(f"scorer must be one of {', '.join(repr(k) for k in _SHORTHAND)}, "
+                     f"'regex:<pattern>' or 'module:function', got {value!r}")

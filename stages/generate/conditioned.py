@@ -1,0 +1,191 @@
+"""Conditioned generation: difficulty-scheduled hints and in-context exemplar seeding.
+
+Two prompt-side remedies for groups that never succeed (and so carry no GRPO signal):
+
+- **Hints** (ADHint; "ADHint: Adaptive Hints with Difficulty Priors for Reinforcement
+  Learning", 2025): some samples of a group start from a prefix of the reference answer
+  and continue from there. The hint's length is scheduled by the prompt's difficulty
+  under the current policy: ``floor(max_ratio * (1 - p) * len(answer tokens))`` tokens,
+  where ``p`` is the prompt's pass-rate estimate from the store (the Beta posterior mean
+  of ``History.prompt_stats``; ``default_pass`` when there is no history). Easy prompts
+  get no hint, hard ones up to ``max_ratio`` of the answer; ``share`` of each group's
+  samples are hinted, the rest are plain samples of the same prompt.
+- **Exemplar seeding** (XRPO; "XRPO: Pushing the limits of GRPO with Targeted
+  Exploration and Exploitation", 2025): a prompt attempted at least ``after`` times
+  without a single success gets ``k`` solved prompts of the same run, each followed by its
+  reference answer, prepended to its text.
+
+Marks for the trainer and the store: the extra column ``hint_tokens`` (int32) is the
+number of leading completion tokens that were forced (0: none). The trainer must mask
+them out of the policy loss (they are the reference's tokens, not the policy's choices);
+their ``logprobs`` are nevertheless the policy's teacher-forced logprobs, so an unaware
+trainer computes correct ratios. ``exemplars`` (int32) counts the exemplars prepended;
+the row's ``prompt``/``prompt_ids`` are the seeded text, its ``prompt_id`` the original's,
+so the prompt's history stays one series.
+
+Departures: ADHint's gradient modulation and posterior-based advantages are trainer
+matters and not done here; XRPO's exemplars are the model's own verified solutions,
+these are the reference answers of prompts the policy has solved (the same text on
+answer-only tasks such as the default's).
+
+>>> ConditionedSample(sample=GroupSample(n=8), hints=Hints(max_ratio=0.5))  # doctest: +ELLIPSIS
+ConditionedSample(name=None, type='conditioned', sample=GroupSample(...), ...)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from gfcr.engine import Engine, GenRequest, SegmentHook
+from gfcr.rollout import col
+from gfcr.stage import Spec, StageSpec, StepContext, register
+from stages.generate._policy import forced_logprobs
+from stages.generate.group import GENERATED, GroupSample
+from stages.generate.rows import rollout_row, stable_id, to_table
+
+HINT_TOKENS = "hint_tokens"
+"""Extra column: leading completion tokens forced from the reference answer (mask them)."""
+EXEMPLARS = "exemplars"
+"""Extra column: solved exemplars prepended to the prompt (0: none)."""
+
+
+class Hints(Spec):
+    """ADHint's difficulty-scheduled hint prefixes."""
+
+    max_ratio: float = Field(0.5, gt=0.0, le=1.0)
+    """Share of the reference answer given to the hardest prompts (pass rate 0)."""
+    share: float = Field(0.5, gt=0.0, le=1.0)
+    """Share of each group's samples that get the hint."""
+    default_pass: float = Field(0.5, ge=0.0, le=1.0)
+    """Pass-rate estimate of a prompt the store has no history for."""
+
+
+class Exemplars(Spec):
+    """XRPO's in-context seeding of prompts that keep failing."""
+
+    k: int = Field(2, ge=1)
+    after: int = Field(8, ge=1)
+    """Attempts without a success before a prompt is seeded."""
+    separator: str = "\n"
+
+
+@register("generate")
+class ConditionedSample(StageSpec):
+    """Group sampling (``sample``) with ADHint hints and XRPO exemplar seeding."""
+
+    type: Literal["conditioned"] = "conditioned"
+    sample: GroupSample = Field(default_factory=GroupSample)
+    hints: Hints | None = Hints()
+    exemplars: Exemplars | None = Exemplars()
+
+    writes: ClassVar[frozenset[str]] = GENERATED | {HINT_TOKENS, EXEMPLARS}
+
+    def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
+                 on_segment: SegmentHook | None) -> pa.Table:
+        prompts = plan.to_pylist()
+        stats = prompt_stats(ctx, [p[col.PROMPT_ID] for p in prompts])
+        seeds = self._seeds(ctx, prompts, stats)
+        requests, owners = [], []
+        for p_idx, prompt in enumerate(prompts):
+            text = seeds.get(p_idx, ("", 0))[0] + prompt[col.PROMPT]
+            ids = engine.encode(text)
+            n = self.sample.n if prompt.get("n") is None else int(prompt["n"])
+            hint, hint_lp = self._hint(engine, prompt, ids, stats.get(prompt[col.PROMPT_ID]))
+            hinted = round(self.hints.share * n) if hint and self.hints else 0
+            for i in range(n):
+                forced = i >= n - hinted
+                requests.append(GenRequest(
+                    key=len(requests), prompt_ids=ids, max_tokens=prompt.get("max_tokens"),
+                    prefix_ids=hint if forced else [], prefix_logprobs=hint_lp if forced else []))
+                owners.append((p_idx, i, text, len(hint) if forced else 0))
+        outputs = engine.generate(requests, self.sample.params(ctx), on_segment)
+        rows, hint_tokens, exemplars = [], [], []
+        for req, out, (p_idx, i, text, h) in zip(requests, outputs, owners):
+            group_id = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
+            prompt = dict(prompts[p_idx], **{col.PROMPT: text})
+            rows.append(rollout_row(ctx, prompt, group_id, i, req.prompt_ids, out, engine))
+            hint_tokens.append(h)
+            exemplars.append(seeds.get(p_idx, ("", 0))[1])
+        table = to_table(rows)
+        for name, values in ((HINT_TOKENS, hint_tokens), (EXEMPLARS, exemplars)):
+            table = table.append_column(pa.field(name, pa.int32()), pa.array(values, pa.int32()))
+        return table
+
+    def _hint(self, engine: Engine, prompt: dict[str, Any], prompt_ids: list[int],
+              stats: dict[str, float] | None) -> tuple[list[int], list[float]]:
+        """The hint tokens for ``prompt`` and their teacher-forced logprobs."""
+        if self.hints is None or prompt.get(col.ANSWER) is None:
+            return [], []
+        answer = engine.encode(str(prompt[col.ANSWER]))
+        passed = self.hints.default_pass if not stats or not stats["attempts"] \
+            else stats["posterior_mean"]
+        cap = prompt.get("max_tokens") or self.sample.max_tokens
+        length = hint_length(len(answer), passed, self.hints.max_ratio, cap)
+        if length == 0:
+            return [], []
+        hint = answer[:length]
+        try:
+            return hint, forced_logprobs(engine, prompt_ids, hint, self.sample.temperature)
+        except TypeError as err:
+            raise TypeError(f"stage {self.label!r}: hints need the policy's logprobs: "
+                            f"{err}") from None
+
+    def _seeds(self, ctx: StepContext, prompts: list[dict[str, Any]],
+               stats: dict[str, dict[str, float]]) -> dict[int, tuple[str, int]]:
+        """Prompt index -> (exemplar text to prepend, number of exemplars)."""
+        if self.exemplars is None or not stats:
+            return {}
+        failing = [i for i, p in enumerate(prompts)
+                   if (s := stats.get(p[col.PROMPT_ID])) and s["attempts"] >= self.exemplars.after
+                   and s["successes"] == 0]
+        if not failing:
+            return {}
+        solved = solved_examples(ctx)
+        rng = ctx.rng(f"{self.label}/exemplars")
+        out: dict[int, tuple[str, int]] = {}
+        for i in failing:
+            pool = [s for s in solved if s[0] != prompts[i][col.PROMPT_ID]]
+            if not pool:
+                continue
+            pick = rng.choice(len(pool), size=min(self.exemplars.k, len(pool)), replace=False)
+            sep = self.exemplars.separator
+            out[i] = ("".join(f"{pool[j][1]}{pool[j][2]}{sep}" for j in pick), len(pick))
+        return out
+
+
+def hint_length(answer_tokens: int, pass_rate: float, max_ratio: float, cap: int) -> int:
+    """ADHint's schedule: ``floor(max_ratio * (1 - pass_rate) * answer_tokens)`` tokens,
+    leaving at least one token of the completion to the policy."""
+    want = math.floor(max_ratio * (1.0 - pass_rate) * answer_tokens + 1e-9)
+    return max(0, min(want, answer_tokens - 1 if answer_tokens else 0, cap - 1))
+
+
+def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str, float]]:
+    """Prompt id -> attempts, successes, posterior_mean from ``ctx.history`` (a
+    ``store.History``); empty when the run has no history."""
+    reader = getattr(ctx.history, "prompt_stats", None)
+    if reader is None or not prompt_ids:
+        return {}
+    table = reader(list(dict.fromkeys(prompt_ids)))
+    return {r["prompt_id"]: r for r in
+            table.select(["prompt_id", "attempts", "successes", "posterior_mean"]).to_pylist()}
+
+
+def solved_examples(ctx: StepContext) -> list[tuple[str, str, str]]:
+    """(prompt id, prompt, answer) of the task's training prompts the history shows
+    solved at least once, in prompt-id order."""
+    reader = getattr(ctx.history, "prompt_stats", None)
+    if reader is None:
+        return []
+    stats = reader()
+    solved = {r["prompt_id"] for r in stats.select(["prompt_id", "successes"]).to_pylist()
+              if r["successes"]}
+    pool = ctx.task.train_prompts()
+    rows = pool.select([col.PROMPT_ID, col.PROMPT, col.ANSWER]).to_pylist()
+    return sorted((r[col.PROMPT_ID], r[col.PROMPT], r[col.ANSWER] or "") for r in rows
+                  if r[col.PROMPT_ID] in solved)
+

@@ -1,0 +1,107 @@
+"""Cross-run replay: add rollouts of other runs, from another store, to each batch.
+
+SAPO (Swarm sAmpling Policy Optimization; "Sharing is Caring: Efficient LM Post-Training
+with Collective RL Experience Sharing", Gensyn 2025): each node trains on its own
+rollouts plus rollouts other nodes shared, so a success found by one policy propagates.
+Here the "network" is any rollout store: the stage opens the store folder ``source``
+read-only and each step picks ``groups`` groups among those with a complete, scored row
+that satisfies the SQL condition ``where``, and appends all their complete, scored rows
+(whole groups: GRPO's baseline needs them) as replayed rows. Rows of the current run are
+never taken (that is :class:`~stages.replay.rollout_replay.RolloutReplay`). Lineage is
+kept: ``parent_id`` is the source rollout, and the declared extra column
+``replay_source`` names the source store and run (``"<store uri>#<run id>"``).
+
+Pin ``as_of_snapshot`` (a DuckLake snapshot id of the source store) to make the choice
+reproducible while the source keeps growing; without it the source is read live, and a
+resumed run may draw other groups than the original run did.
+
+Departures: shared rollouts keep their token ids and behaviour logprobs (the paper's
+nodes exchange text and re-tokenise); the train stage's ratio is then taken against the
+source policy, which assumes the same tokenizer. Rewards are the source's.
+
+>>> CrossRunReplay(source=".gfcr/store", where="kept AND reward > 0", groups=2)  # doctest: +ELLIPSIS
+CrossRunReplay(name=None, type='cross_run_replay', source='.gfcr/store', ...)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, PrivateAttr, field_validator
+
+from gfcr.rollout import col
+from gfcr.stage import StageSpec, StepContext, register
+from stages.replay import _copies, _reads
+
+SOURCE_COLUMN = "replay_source"
+"""Declared extra column: ``<store uri>#<run id>`` of each cross-run replayed row."""
+
+
+@register("replay")
+class CrossRunReplay(StageSpec):
+    """Append ``groups`` groups of other runs' rollouts from store ``source`` each step."""
+
+    type: Literal["cross_run_replay"] = "cross_run_replay"
+    source: str
+    """Store folder to replay from (opened read-only)."""
+    where: str = "kept"
+    """SQL condition on the source's ``rollouts`` rows; a group with a row that meets it
+    is a candidate, e.g. "kept AND reward > 0" (groups with a success and signal)."""
+    groups: int = Field(4, ge=1)
+    """Groups added to each step's batch."""
+    as_of_snapshot: int | None = Field(None, ge=0)
+    """Read the source as of this snapshot (None: live)."""
+
+    writes: ClassVar[frozenset[str]] = frozenset({col.PARENT_ID, col.REPLAY_COUNT, SOURCE_COLUMN})
+    _store: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @field_validator("where")
+    @classmethod
+    def _one_condition(cls, value: str) -> str:
+        try:
+            statements = duckdb.extract_statements(f"SELECT 1 FROM t WHERE ({value})")
+        except duckdb.Error as err:
+            raise ValueError(f"where {value!r} is not a SQL condition: {err}") from None
+        if len(statements) != 1:
+            raise ValueError(f"where {value!r} must be one SQL condition, not several statements")
+        return value
+
+    def augment(self, ctx: StepContext, batch: pa.Table) -> pa.Table:
+        store = self.open()
+        at = "" if self.as_of_snapshot is None else f" AT (VERSION => {int(self.as_of_snapshot)})"
+        rows = f"""(SELECT * FROM lake.rollouts{at}
+                    WHERE status = 'complete' AND reward IS NOT NULL AND run_id <> $run) AS rollouts"""
+        try:
+            keys = store.sql(f"SELECT DISTINCT run_id, group_id FROM {rows} WHERE ({self.where}) "
+                             "ORDER BY run_id, group_id", {"run": ctx.run_id})
+        except Exception as err:
+            raise ValueError(f"stage {self.label!r}: field 'where' = {self.where!r} does not "
+                             f"select from store {self.source!r}: {err}") from err
+        if keys.num_rows == 0:
+            return batch
+        take = ctx.rng(self.label).choice(keys.num_rows, size=min(self.groups, keys.num_rows),
+                                          replace=False)
+        wanted = [f"{r}\x00{g}" for r, g in zip(keys.column(0).take(pa.array(np.sort(take))).to_pylist(),
+                                                 keys.column(1).take(pa.array(np.sort(take))).to_pylist())]
+        chosen = _reads.as_rollouts(store.sql(f"""
+            SELECT * FROM {rows} WHERE list_contains($wanted::VARCHAR[], run_id || chr(0) || group_id)
+            ORDER BY run_id, group_id, sample_idx""", {"run": ctx.run_id, "wanted": wanted}))
+        origin = [f"{store.uri}#{r}" for r in chosen.column(col.RUN_ID).to_pylist()]
+        counts = (chosen.column(col.REPLAY_COUNT).to_numpy() + 1).tolist()
+        replayed = _copies.copies(ctx, chosen, counts, tag=self.label, extra={SOURCE_COLUMN: origin})
+        return _copies.append(batch, replayed)
+
+    def open(self) -> Any:
+        """The source store, opened read-only once per process."""
+        if "store" not in self._store:
+            from store import RolloutStore, StoreError
+
+            try:
+                self._store["store"] = RolloutStore.open(self.source, read_only=True, create=False)
+            except StoreError as err:
+                raise ValueError(f"stage {self.label!r}: field 'source' = {self.source!r} is not "
+                                 f"a readable rollout store: {err}") from err
+        return self._store["store"]

@@ -1,0 +1,152 @@
+"""Recycling of partial rollouts (APRIL; Zhou et al. 2025, "APRIL: Active Partial Rollouts
+in Reinforcement Learning to Tame Long-tail Generation").
+
+The store is the buffer. A step that stops rollouts early (``ActivePartialRollouts``)
+commits the stopped ones, and the finished samples of their groups, with status
+``partial``; a partial row that no later row names as its ``parent_id`` is *pending*.
+:class:`RecyclePartials` reads the pending rows of the run from ``ctx.history`` — the
+store as of the previous step — and puts their groups first in the step's plan, where
+the generate stage continues each sample from its stored token ids and logprobs. So a
+run stopped and resumed recycles exactly the partials it left, since nothing lives in
+memory (OpenRLHF #1322 lost its buffer on resume).
+
+Lineage: every recycled row points to the stored row it came from through ``parent_id``
+and keeps the group id and the ``policy_version_start`` of the original; its
+``completion_ids`` and ``logprobs`` are the parent's followed by the new tokens, so the
+two stay the same length (slime #2207). A group older than ``max_staleness`` policy
+versions is restarted from scratch instead: new samples, ``parent_id`` still set, a fresh
+``policy_version_start`` — which is how :func:`recycle_counts` tells restarts apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
+from gfcr.stage import StageSpec, StepContext, register
+from stages.generate.rows import RECYCLE, RECYCLE_TYPE
+
+PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
+    pa.field(col.GROUP_ID, pa.string()), pa.field("n", pa.int64()),
+    pa.field(RECYCLE, RECYCLE_TYPE)])
+"""What RecyclePartials returns: prompt columns plus the recycled group's id, size and
+samples (all null on rows of fresh prompts)."""
+
+
+@register("replay")
+class RecyclePartials(StageSpec):
+    """Put the run's pending partial groups first in the step's plan (APRIL's buffer).
+
+    Departures from APRIL/slime: the buffer is a query over the store, not process memory;
+    a group is recycled whole (finished samples are carried over, not regenerated) and a
+    group staler than ``max_staleness`` policy versions is restarted rather than trained
+    off-policy. Refill rounds of a step recycle nothing (the step's partials were taken in
+    round 0). The generate stage must understand the ``recycle`` plan column
+    (``GroupSample`` does). Put it before the fresh-prompt sampler, whose batch it fills
+    first.
+
+    >>> RecyclePartials(max_staleness=2)
+    RecyclePartials(name=None, type='recycle_partials', max_staleness=2)
+    """
+
+    type: Literal["recycle_partials"] = "recycle_partials"
+    max_staleness: int = Field(4, ge=0)
+    """Policy versions a group may lag (current minus its first token's) and still be
+    continued; older groups are restarted from scratch."""
+
+    writes: ClassVar[frozenset[str]] = PROMPT_COLUMNS | {col.GROUP_ID, "n", RECYCLE}
+
+    def select(self, ctx: StepContext, chosen: pa.Table) -> pa.Table:
+        chosen = with_plan_columns(chosen)
+        if ctx.round:
+            return chosen
+        if ctx.history is None:
+            if ctx.step == 0:
+                return chosen
+            raise ValueError(f"stage {self.label!r}: step {ctx.step!r} has no store history "
+                             "(ctx.history is None), so partial rollouts cannot be found; "
+                             "run the pipeline with a store")
+        pending = pending_partials(ctx.history, ctx.run_id)
+        plan = recycled_plan(pending.to_pylist(), ctx.policy_version, self.max_staleness)
+        return pa.concat_tables([plan, chosen], promote_options="permissive")
+
+
+def with_plan_columns(table: pa.Table) -> pa.Table:
+    """``table`` with PLAN_SCHEMA's extra columns (nulls where missing), in its order."""
+    for f in PLAN_SCHEMA:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(PLAN_SCHEMA.names + [n for n in table.column_names
+                                             if n not in PLAN_SCHEMA.names])
+
+
+def pending_partials(history: Any, run_id: str) -> pa.Table:
+    """Partial rows of ``run_id`` that no row continues yet, as of the history's snapshot,
+    oldest step first (read through the store's public ``sql``)."""
+    at = "" if history.snapshot is None else f" AT (VERSION => {int(history.snapshot)})"
+    source = f"(SELECT * FROM lake.rollouts{at} WHERE run_id = $run)"
+    query = f"""
+        SELECT p.step, p.rollout_id, p.group_id, p.sample_idx, p.prompt_id, p.task, p.prompt,
+               p.answer, p.meta, p.completion_ids, p.logprobs, p.policy_version_start,
+               p.policy_version_end, p.finish_reason
+        FROM {source} AS p
+        WHERE p.status = 'partial'
+          AND NOT EXISTS (SELECT 1 FROM {source} AS c WHERE c.parent_id = p.rollout_id)
+        ORDER BY p.step, p.group_id, p.sample_idx"""
+    return history.store.sql(query, {"run": run_id})
+
+
+def recycled_plan(rows: list[dict[str, Any]], version: int, max_staleness: int) -> pa.Table:
+    """One plan row per pending group (in the order of ``rows``): continue, carry over or,
+    past ``max_staleness``, restart each of its samples."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r[col.GROUP_ID], []).append(r)
+    plan = []
+    for group_id, members in groups.items():
+        oldest = min(m[col.POLICY_VERSION_START] for m in members)
+        restart = version - oldest > max_staleness
+        first = members[0]
+        plan.append({**{c: first[c] for c in PROMPT_SCHEMA.names}, col.GROUP_ID: group_id,
+                     "n": len(members), RECYCLE: [_sample(m, restart) for m in members]})
+    return pa.Table.from_pylist(plan, schema=PLAN_SCHEMA)
+
+
+def _sample(row: dict[str, Any], restart: bool) -> dict[str, Any]:
+    """What to do with one stored partial row (see stages.generate.rows.RECYCLE_TYPE)."""
+    finished = row[col.FINISH_REASON] in ("stop", "length")
+    if restart:
+        return {"sample_idx": row[col.SAMPLE_IDX], "parent_id": row[col.ROLLOUT_ID],
+                "prefix_ids": [], "prefix_logprobs": [], "policy_version_start": None,
+                "policy_version_end": None, "finish_reason": None}
+    return {"sample_idx": row[col.SAMPLE_IDX], "parent_id": row[col.ROLLOUT_ID],
+            "prefix_ids": row[col.COMPLETION_IDS], "prefix_logprobs": row[col.LOGPROBS],
+            "policy_version_start": row[col.POLICY_VERSION_START],
+            "policy_version_end": row[col.POLICY_VERSION_END],
+            "finish_reason": row[col.FINISH_REASON] if finished else None}
+
+
+def recycle_counts(store: Any, run_id: str) -> dict[str, int]:
+    """How the run's partial rows were used: ``continued`` (an aborted sample extended),
+    ``carried`` (a finished sibling carried over), ``restarted`` (past the staleness bound:
+    the child's first policy version differs from its parent's), ``pending`` (not used
+    yet), and ``discarded`` (pruned rows: generated, then dropped on purpose)."""
+    query = """
+        WITH r AS (SELECT * FROM rollouts WHERE run_id = $run),
+        links AS (
+            SELECT p.finish_reason AS parent_reason,
+                   c.policy_version_start IS DISTINCT FROM p.policy_version_start AS restarted
+            FROM r AS c JOIN r AS p ON c.parent_id = p.rollout_id
+            WHERE p.status = 'partial')
+        SELECT
+            (SELECT count_if(NOT restarted AND parent_reason = 'aborted') FROM links) AS continued,
+            (SELECT count_if(NOT restarted AND parent_reason <> 'aborted') FROM links) AS carried,
+            (SELECT count_if(restarted) FROM links) AS restarted,
+            (SELECT count(*) FROM r AS p WHERE p.status = 'partial' AND NOT EXISTS
+                (SELECT 1 FROM r AS c WHERE c.parent_id = p.rollout_id)) AS pending,
+            (SELECT count(*) FROM r WHERE status = 'pruned') AS discarded"""
+    row = store.sql(query, {"run": run_id}).to_pylist()[0]
+    return {k: int(v or 0) for k, v in row.items()}

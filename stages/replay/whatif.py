@@ -1,0 +1,195 @@
+"""What-if replay: re-score or re-filter a past run's stored rollouts, generating nothing.
+
+Every rollout a run generated is in the store with its scores and the decision of each
+filter, so "what would a stricter verifier, another reward, or DAPO's filter have done
+to this run?" is a replay of filter stages over stored rows, not a new run. This is the
+offline re-scoring that no RL framework offers (../shared/notes/rl-frameworks.md §3.6).
+
+:func:`what_if` runs filter stages (any registered ``filter`` config: verifiers that
+write ``reward``, gates that return a keep mask) over the run's complete, original rows
+step by step, exactly as the loop runs filters: each filter sees the step's complete
+rows with the run's task and seed in its context and the run's history as of the
+previous step; a keep mask only drops rows still kept (``gfcr.loop.drop``). With
+``base="kept"`` the stages come after the run's own filters (rows the run dropped stay
+dropped); with ``base="all"`` every row starts kept and only these stages decide. The
+store is opened read-only by the caller and never written.
+
+    gfcr replay what-if RUN --filter 'type=dynamic_sampling'
+    gfcr replay what-if RUN --filter '{type: verify, scorer: exact}' --base all
+
+>>> report = what_if(store, "default-20260101-0000-ab12", [DynamicSampling()])  # doctest: +SKIP
+>>> report.totals["kept_after"], report.totals["reward_after"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from gfcr.loop import drop
+from gfcr.rollout import col
+from gfcr.stage import StageSpec, StepContext, lookup
+from stages.replay import _reads
+
+Base = Literal["kept", "all"]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """How the kept set and rewards of a run would change under other filter stages.
+
+    ``totals`` and each entry of ``steps`` hold: rows, kept_before, kept_after,
+    newly_dropped, newly_kept, groups_before, groups_after, rewards_changed,
+    reward_before, reward_after (mean over scored rows), kept_reward_before,
+    kept_reward_after (mean over kept rows). ``reasons`` counts the new drop reasons by
+    stage; ``rows`` is the per-rollout comparison.
+    """
+
+    run_id: str
+    stages: list[str]
+    base: str
+    totals: dict[str, float]
+    steps: list[dict[str, float]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+    rows: pa.Table | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (without the per-row table)."""
+        def clean(d: dict[str, float]) -> dict[str, float | None]:
+            return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in d.items()}
+        return {"run_id": self.run_id, "stages": self.stages, "base": self.base,
+                "totals": clean(self.totals), "steps": [clean(s) for s in self.steps],
+                "reasons": self.reasons}
+
+
+def what_if(store: Any, run_id: str, stages: Sequence[StageSpec], *, base: Base = "kept") -> WhatIf:
+    """Replay ``stages`` (filter configs) over the stored rollouts of ``run_id``."""
+    for s in stages:
+        if getattr(s, "kind", None) != "filter":
+            raise ValueError(f"what-if: stage {s!r} is not a filter stage (kind "
+                             f"{getattr(s, 'kind', None)!r})")
+    if base not in ("kept", "all"):
+        raise ValueError(f"what-if: base must be 'kept' or 'all', got {base!r}")
+    task, seed = run_task(store, run_id)
+    stored = _reads.as_rollouts(store.sql(
+        "SELECT * FROM rollouts WHERE run_id = $run AND status = 'complete' AND replay_count = 0 "
+        "ORDER BY step, group_id, sample_idx", {"run": run_id}))
+    before, after = [], []
+    for step in sorted(set(stored.column(col.STEP).to_pylist())):
+        rows = stored.filter(pc.equal(stored.column(col.STEP), step))
+        ctx = StepContext(run_id=run_id, step=step, seed=seed, task=task,
+                          policy_version=int(pc.max(rows.column(col.POLICY_VERSION_END)).as_py()),
+                          history=_history(store, run_id, step))
+        before.append(rows)
+        after.append(replay_filters(ctx, rows, stages, base=base))
+    return _report(run_id, [s.label for s in stages], base, before, after)
+
+
+def replay_filters(ctx: StepContext, rows: pa.Table, stages: Sequence[StageSpec], *,
+                   base: Base) -> pa.Table:
+    """``rows`` after ``stages``, applied as the loop applies filters."""
+    if base == "all":
+        n = rows.num_rows
+        rows = _set(rows, col.KEPT, pa.array([True] * n))
+        for name in (col.DROPPED_BY, col.DROP_REASON):
+            rows = _set(rows, name, pa.nulls(n, pa.string()))
+    for s in stages:
+        result = s.apply(ctx, rows)
+        if result.table.num_rows != rows.num_rows:
+            raise ValueError(f"what-if: filter {s.label!r} returned {result.table.num_rows} rows "
+                             f"for {rows.num_rows}")
+        rows = result.table
+        if result.keep is not None:
+            keep = pa.array(result.keep, pa.bool_())
+            reason = result.reason
+            reasons = pa.array(reason if isinstance(reason, list) else [reason] * len(keep), pa.string())
+            rows = drop(rows, pc.invert(keep), s.label, reasons)
+    return rows
+
+
+def run_task(store: Any, run_id: str) -> tuple[Any, int]:
+    """The task component and seed of ``run_id``, from the spec the store recorded."""
+    found = store.sql("SELECT spec_yaml FROM runs WHERE run_id = $run", {"run": run_id})
+    if found.num_rows == 0:
+        raise ValueError(f"what-if: no run {run_id!r} in store {store.uri!r}")
+    spec = yaml.safe_load(found.column("spec_yaml")[0].as_py())
+    task = spec.get("task") or {}
+    return lookup("task", task["type"]).model_validate(task), int(spec.get("seed", 0))
+
+
+def _history(store: Any, run_id: str, step: int) -> Any:
+    from store import History, StoreError
+
+    if step == 0:
+        return None
+    try:
+        return History(store, run_id, as_of_step=step - 1)
+    except StoreError:
+        return None
+
+
+def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, table.schema.field(i), values)
+
+
+def _report(run_id: str, labels: list[str], base: str, before: list[pa.Table],
+            after: list[pa.Table]) -> WhatIf:
+    steps = [_compare(b, a) for b, a in zip(before, after)]
+    if before:
+        everything = _compare(pa.concat_tables(before), pa.concat_tables(after))
+    else:
+        everything = _compare(None, None)
+    reasons: Counter = Counter()
+    for b, a in zip(before, after):
+        newly = _mask(b, col.KEPT) & ~_mask(a, col.KEPT)
+        for stage, why in zip(np.asarray(a.column(col.DROPPED_BY).to_pylist(), dtype=object)[newly],
+                              np.asarray(a.column(col.DROP_REASON).to_pylist(), dtype=object)[newly]):
+            reasons[f"{stage}: {why}"] += 1
+    for b, entry in zip(before, steps):
+        entry["step"] = float(b.column(col.STEP)[0].as_py())
+    rows = None
+    if before:
+        b, a = pa.concat_tables(before), pa.concat_tables(after)
+        rows = pa.table({"rollout_id": b.column(col.ROLLOUT_ID), "step": b.column(col.STEP),
+                         "kept_before": b.column(col.KEPT), "kept_after": a.column(col.KEPT),
+                         "reward_before": b.column(col.REWARD), "reward_after": a.column(col.REWARD),
+                         "dropped_by_after": a.column(col.DROPPED_BY),
+                         "drop_reason_after": a.column(col.DROP_REASON)})
+    return WhatIf(run_id, labels, base, everything, steps, dict(reasons), rows)
+
+
+def _compare(b: pa.Table | None, a: pa.Table | None) -> dict[str, float]:
+    if b is None or a is None or b.num_rows == 0:
+        return {k: 0.0 for k in ("rows", "kept_before", "kept_after", "newly_dropped", "newly_kept",
+                                 "groups_before", "groups_after", "rewards_changed")}
+    kb, ka = _mask(b, col.KEPT), _mask(a, col.KEPT)
+    rb, ra = _floats(b), _floats(a)
+    groups = np.asarray(b.column(col.GROUP_ID).to_pylist(), dtype=object)
+    changed = ~((rb == ra) | (np.isnan(rb) & np.isnan(ra)))
+    return {"rows": float(b.num_rows), "kept_before": float(kb.sum()), "kept_after": float(ka.sum()),
+            "newly_dropped": float((kb & ~ka).sum()), "newly_kept": float((ka & ~kb).sum()),
+            "groups_before": float(len(set(groups[kb]))), "groups_after": float(len(set(groups[ka]))),
+            "rewards_changed": float(changed.sum()),
+            "reward_before": _mean(rb), "reward_after": _mean(ra),
+            "kept_reward_before": _mean(rb[kb]), "kept_reward_after": _mean(ra[ka])}
+
+
+def _mask(t: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(t.column(name).to_pylist(), dtype=bool)
+
+
+def _floats(t: pa.Table) -> np.ndarray:
+    return np.asarray([np.nan if v is None else v for v in t.column(col.REWARD).to_pylist()], dtype=float)
+
+
+def _mean(values: np.ndarray) -> float:
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if len(values) else float("nan")
