@@ -79,7 +79,8 @@ def one_run(name: str, seed: int, args: argparse.Namespace, root: Path) -> dict[
     summary = execute(configured(name, seed, args), root=root / f"{name}-{seed}", executor="local")
     generated = [m["tokens"] - m.get("replay/tokens", 0.0) for m in summary.history]
     seconds = [m["step_seconds"] for m in summary.history]
-    curve = [(0, summary.accuracy_before)]
+    warm = getattr(summary, "accuracy_warmstart", None)  # after the warm start, at step 0
+    curve = [(0, summary.accuracy_before if warm is None else warm)]
     curve += [(i + 1, m["heldout_accuracy"]) for i, m in enumerate(summary.history) if "heldout_accuracy" in m]
     curve.append((summary.steps, summary.accuracy_after))
     crossing = next((s for s, acc in curve if s > 0 and acc >= args.threshold), None)
@@ -106,6 +107,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "tokens_to_threshold": median_or_none([r["tokens_to_threshold"] for r in seeds]),
             "seconds_to_threshold": median_or_none([r["seconds_to_threshold"] for r in seeds]),
             "accuracy_final_mean": statistics.mean(r["accuracy_final"] for r in seeds),
+            "accuracy_peak_mean": statistics.mean(max(a for s, a in r["curve"] if s > 0) for r in seeds),
             "tokens_total_mean": statistics.mean(r["tokens_total"] for r in seeds),
             "runs": seeds}
     base = out.get("grpo", {})
@@ -119,14 +121,16 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def table(summary: dict[str, Any], threshold: float) -> str:
     """The comparison as a plain-text table."""
     def fmt(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
+        width = int("".join(c for c in spec.split(",")[0].split(".")[0] if c.isdigit()) or 0)
+        return "-".rjust(width) if v is None else format(v, spec)
     head = (f"{'configuration':<16}{'reached':>8}{'tokens to acc':>15}{'saving':>8}"
-            f"{'secs to acc':>12}{'saving':>8}{'final acc':>10}{'tokens/run':>11}")
+            f"{'secs to acc':>12}{'saving':>8}{'final acc':>10}{'peak acc':>9}{'tokens/run':>11}")
     lines = [f"held-out accuracy threshold {threshold:.3f} (medians over seeds)", head, "-" * len(head)]
     for name, e in summary.items():
         lines.append(f"{name:<16}{e['reached']:>5}/{e['seeds']:<2}{fmt(e['tokens_to_threshold'], '15,.0f')}"
                      f"{fmt(e['token_saving'], '8.0%')}{fmt(e['seconds_to_threshold'], '12.1f')}"
                      f"{fmt(e['time_saving'], '8.0%')}{e['accuracy_final_mean']:>10.3f}"
+                     f"{e['accuracy_peak_mean']:>9.3f}"
                      f"{e['tokens_total_mean']:>11,.0f}")
     return "\n".join(lines)
 
@@ -142,6 +146,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--threshold", type=float, default=0.04, help="held-out accuracy to reach")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args()
     names = [n for n in args.configs.split(",") if n]
     unknown = sorted(set(names) - set(CONFIGS))
@@ -160,8 +165,10 @@ def main() -> None:
     summary = summarise(runs)
     savings = [e["token_saving"] for n, e in summary.items() if n != "grpo" and e["token_saving"] is not None]
     result = {"best_token_saving": max(savings) if savings else None, "threshold": args.threshold,
-              "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
+              "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")},
               "seconds": time.perf_counter() - started, "configurations": summary}
+    if args.out:
+        args.out.write_text(json.dumps(result))
     if args.json:
         print(json.dumps(result))
     else:

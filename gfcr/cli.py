@@ -25,6 +25,8 @@ def _quiet_prefect(verbose: bool) -> None:
     """Prefect reads its settings at import: set them before anything imports it."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    # the temporary local server needs more than Prefect's 20 s on a busy 2-core machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 

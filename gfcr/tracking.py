@@ -11,6 +11,7 @@ logs.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class MlflowHook:
     def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: Any) -> None:
         import mlflow
 
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
         self.uri = self.uri or default_uri(root)
         mlflow.set_tracking_uri(self.uri)
         experiment = mlflow.get_experiment_by_name(pipeline.name)

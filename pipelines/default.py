@@ -19,21 +19,21 @@ policy = TinyLlama()
 pipeline = Pipeline(
     name="default",
     seed=0,
-    steps=40,
+    steps=60,
     task=task,
     policy=policy,
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
         # --- Replay: which prompts this step
-        UniformSampler(batch=16),
+        UniformSampler(batch=32),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's own verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -40,9 +40,10 @@ _CACHE_VERSION = 1
 class SFT(Spec):
     """Supervised fine-tuning on (prompt, answer + EOS) pairs of the task's training split.
 
-    AdamW (no weight decay), linear warm-up over the first 10% of steps then cosine decay
-    to 10% of ``lr``, gradient norm clipped at 1. Batches are drawn from shuffled passes
-    over the prompts under the run seed, so a run is deterministic.
+    AdamW (no weight decay), linear warm-up over the first ``warmup`` share of steps, then
+    a constant ``lr`` or a cosine decay to 10% of it; gradient norm clipped at 1. Batches
+    are drawn from shuffled passes over the prompts under the run seed, so a run is
+    deterministic.
     """
 
     type: Literal["sft"] = "sft"
@@ -51,6 +52,7 @@ class SFT(Spec):
     lr: float = Field(3e-3, gt=0.0)
     warmup: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of steps with a linear learning-rate warm-up."""
+    schedule: Literal["constant", "cosine"] = "constant"
 
     def run(self, policy: Policy, task: Any, *, seed: int, cache_dir: Path) -> dict[str, float]:
         """Train ``policy.model`` in place (or load the cached result); returns metrics."""
@@ -108,6 +110,8 @@ class SFT(Spec):
         warm = int(self.warmup * self.steps)
         if step < warm:
             return (step + 1) / warm
+        if self.schedule == "constant":
+            return 1.0
         progress = (step - warm) / max(1, self.steps - warm)
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
