@@ -207,23 +207,26 @@ def _filter_stage(text: str) -> Any:
 
 def _print_what_if(report: Any) -> None:
     t = report.totals
-    view = Table(title=f"what-if {' -> '.join(report.stages)} on run {report.run_id} (base={report.base})",
-                 show_header=False)
+    nan = float("nan")
+
+    def change(key: str) -> str:
+        return f"{t.get(key + '_before', nan):.3f} -> {t.get(key + '_after', nan):.3f}"
+    view = Table(title=f"what-if {' -> '.join(report.stages)} on run {report.run_id} "
+                       f"(base={report.base})", show_header=False)
     view.add_row("rows (complete, original)", f"{t['rows']:.0f}")
     view.add_row("kept", f"{t['kept_before']:.0f} -> {t['kept_after']:.0f} "
                          f"(-{t['newly_dropped']:.0f} +{t['newly_kept']:.0f})")
     view.add_row("kept groups", f"{t['groups_before']:.0f} -> {t['groups_after']:.0f}")
     view.add_row("rewards changed", f"{t['rewards_changed']:.0f}")
-    view.add_row("reward mean", f"{t.get('reward_before', float('nan')):.3f} -> {t.get('reward_after', float('nan')):.3f}")
-    view.add_row("kept reward mean", f"{t.get('kept_reward_before', float('nan')):.3f} -> "
-                                     f"{t.get('kept_reward_after', float('nan')):.3f}")
+    view.add_row("reward mean", change("reward"))
+    view.add_row("kept reward mean", change("kept_reward"))
     for reason, count in sorted(report.reasons.items()):
         view.add_row(f"newly dropped by {reason}", str(count))
     out.print(view)
     steps = Table("step", "kept before", "kept after", "reward before", "reward after")
     for e in report.steps:
         steps.add_row(f"{e['step']:.0f}", f"{e['kept_before']:.0f}", f"{e['kept_after']:.0f}",
-                      f"{e.get('reward_before', float('nan')):.3f}", f"{e.get('reward_after', float('nan')):.3f}")
+                      f"{e.get('reward_before', nan):.3f}", f"{e.get('reward_after', nan):.3f}")
     out.print(steps)
 
 

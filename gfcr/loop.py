@@ -367,7 +367,8 @@ def _replay_metrics(table: pa.Table, n_tokens: np.ndarray, kept: np.ndarray) -> 
         start = table.column(col.POLICY_VERSION_START).to_numpy(zero_copy_only=False)[replayed]
         end = table.column(col.POLICY_VERSION_END).to_numpy(zero_copy_only=False)
         stale = (end[~replayed].max() if (~replayed).any() else end.max()) - start
-        out.update({"replay/staleness_mean": float(stale.mean()), "replay/staleness_max": float(stale.max())})
+        out["replay/staleness_mean"] = float(stale.mean())
+        out["replay/staleness_max"] = float(stale.max())
     return out
 
 

@@ -15,15 +15,15 @@ from stages import (GRPO, HF, SFT, CrossRunReplay, DynamicSampling, GroupSample,
 pipeline = Pipeline(
     name="cross_run",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 16 new prompts; after filtering, 4 groups shared by other runs
-        UniformSampler(batch=16),
+        # --- Replay: 32 new prompts; after filtering, 4 groups shared by other runs
+        UniformSampler(batch=32),
         CrossRunReplay(source=".gfcr/store", where="kept AND reward > 0", groups=4),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
@@ -31,7 +31,7 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; shared rows are off-policy, corrected by their stored logprobs
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

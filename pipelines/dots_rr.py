@@ -4,8 +4,8 @@
 Online Data Selection and Rollout Replay" (2025) on the default task. Each step DOTS
 predicts every candidate prompt's pass rate — its own history in the store, and for
 prompts never tried, the pass rates of the most similar attempted prompts (character
-n-gram TF-IDF, attention-style weights) — and draws the 8 nearest to 1/2; Rollout
-Replay tops the batch up to 8 groups with signal from the last 4 steps.
+n-gram TF-IDF, attention-style weights) — and draws the 16 nearest to 1/2; Rollout
+Replay tops the batch up to 16 groups with signal from the last 4 steps.
 """
 
 from gfcr import Evaluation, Pipeline
@@ -15,23 +15,23 @@ from stages import (DOTS, GRPO, HF, SFT, DynamicSampling, GroupSample, Reasoning
 pipeline = Pipeline(
     name="dots_rr",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 8 prompts of moderate predicted difficulty; replay to 8 kept groups
-        DOTS(batch=8, target=0.5, candidates=512, reference=256),
-        RolloutReplay(groups=8, max_share=0.5, window=4, max_replays=2),
+        # --- Replay: 16 prompts of moderate predicted difficulty; replay to 16 kept groups
+        DOTS(batch=16, target=0.5, candidates=512, reference=256),
+        RolloutReplay(groups=16, max_share=0.5, window=4, max_replays=2),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

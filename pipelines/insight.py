@@ -2,7 +2,7 @@
 
 "Efficient RLVR Training via Weighted Mutual Information Data Selection" (Zhou et al.
 2026) on the default task. Each prompt's success rate has a Beta belief from the run's
-history in the store (prior centred on the run's pass rate); the 16 prompts with the
+history in the store (prior centred on the run's pass rate); the 32 prompts with the
 highest information gain, weighted by the chance that a group of 8 carries signal, are
 drawn each step — before any rollout, so no compute goes to groups known to be flat.
 """
@@ -14,22 +14,22 @@ from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, InSight, Reason
 pipeline = Pipeline(
     name="insight",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 16 prompts by weighted mutual information (rollouts = GroupSample's n)
-        InSight(batch=16, rollouts=8),
+        # --- Replay: 32 prompts by weighted mutual information (rollouts = GroupSample's n)
+        InSight(batch=32, rollouts=8),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

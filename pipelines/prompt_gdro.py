@@ -14,22 +14,22 @@ from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, PromptGDRO, Rea
 pipeline = Pipeline(
     name="prompt_gdro",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 16 prompts, group by multiplicative weights, prompt uniformly in it
-        PromptGDRO(batch=16, bins=4, eta=0.1, gamma=0.2),
+        # --- Replay: 32 prompts, group by multiplicative weights, prompt uniformly in it
+        PromptGDRO(batch=32, bins=4, eta=0.1, gamma=0.2),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -2,7 +2,7 @@
 
 The RR half of DOTS+RR ("Improving Data Efficiency for LLM Reinforcement Fine-tuning
 Through Difficulty-targeted Online Data Selection and Rollout Replay", 2025) on the
-default task: 8 new prompts a step instead of 16, and the batch topped up to 8 groups
+default task: 16 new prompts a step instead of 32, and the batch topped up to 16 groups
 with signal from the groups the run kept and trained on in the last 4 steps (each at
 most twice). Replayed rows keep their behaviour logprobs, so GRPO's clipped ratio is
 taken against the policy that generated them; MLflow gets replay/rows, replay/share and
@@ -16,23 +16,23 @@ from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, R
 pipeline = Pipeline(
     name="rollout_replay",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 8 new prompts; after filtering, replay recent groups up to 8 kept
-        UniformSampler(batch=8),
-        RolloutReplay(groups=8, max_share=0.5, window=4, max_replays=2),
+        # --- Replay: 16 new prompts; after filtering, replay recent groups up to 16 kept
+        UniformSampler(batch=16),
+        RolloutReplay(groups=16, max_share=0.5, window=4, max_replays=2),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -3,7 +3,7 @@
 "VADE: Variance-Aware Dynamic Sampling via Online Sample-Level Difficulty Estimation for
 Multimodal RL" on the default task. Each step draws a success rate per prompt from its
 Beta posterior (the run's history in the store, discounted with an 8-step half-life,
-relaxing towards the run's pass rate of the last couple of steps) and picks the 16
+relaxing towards the run's pass rate of the last couple of steps) and picks the 32
 prompts whose draw promises the most mixed groups — selection before rollout instead of
 rolling out and discarding flat groups.
 """
@@ -15,22 +15,22 @@ from stages import (GRPO, HF, SFT, VADE, DynamicSampling, GroupSample, Reasoning
 pipeline = Pipeline(
     name="vade",
     seed=0,
-    steps=40,
+    steps=60,
     task=ReasoningGym(dataset="chain_sum",
                       config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     policy=TinyLlama(),
     engine=HF(device="cpu"),
-    warmstart=SFT(),
+    warmstart=SFT(steps=1000),
     stages=[
-        # --- Replay: 16 prompts by Thompson sampling on Beta posteriors
-        VADE(batch=16, rollouts=8, half_life=8.0, prior_half_life=2.0),
+        # --- Replay: 32 prompts by Thompson sampling on Beta posteriors
+        VADE(batch=32, rollouts=8, half_life=8.0, prior_half_life=2.0),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(),
+        GRPO(lr=1e-4),
     ],
     evaluation=Evaluation(size=256, max_tokens=8),
 )

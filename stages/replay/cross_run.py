@@ -84,8 +84,8 @@ class CrossRunReplay(StageSpec):
             return batch
         take = ctx.rng(self.label).choice(keys.num_rows, size=min(self.groups, keys.num_rows),
                                           replace=False)
-        wanted = [f"{r}\x00{g}" for r, g in zip(keys.column(0).take(pa.array(np.sort(take))).to_pylist(),
-                                                 keys.column(1).take(pa.array(np.sort(take))).to_pylist())]
+        picked = keys.take(pa.array(np.sort(take), pa.int64()))
+        wanted = [f"{r}\x00{g}" for r, g in zip(picked.column(0).to_pylist(), picked.column(1).to_pylist())]
         chosen = _reads.as_rollouts(store.sql(f"""
             SELECT * FROM {rows} WHERE list_contains($wanted::VARCHAR[], run_id || chr(0) || group_id)
             ORDER BY run_id, group_id, sample_idx""", {"run": ctx.run_id, "wanted": wanted}))

@@ -84,7 +84,8 @@ class DOTS(StageSpec):
         if evidence is None or evidence.num_rows == 0:
             return np.full(cands.num_rows, 0.5)
         p0 = _reads.global_rate(evidence)
-        text = dict(zip(prompts.column(col.PROMPT_ID).to_pylist(), prompts.column(col.PROMPT).to_pylist()))
+        text = dict(zip(prompts.column(col.PROMPT_ID).to_pylist(),
+                        prompts.column(col.PROMPT).to_pylist()))
         ids = evidence.column("prompt_id").to_pylist()
         recent = np.argsort(-evidence.column("last_step").to_numpy(), kind="stable")
         ref = [int(i) for i in recent if ids[i] in text][:self.reference]

@@ -85,4 +85,5 @@ class RolloutReplay(StageSpec):
         steps = groups.column(col.STEP).to_numpy()
         order = np.lexsort((rng.permutation(len(steps)), -steps))
         chosen = set(groups.column(col.GROUP_ID).take(pa.array(order[:need], pa.int64())).to_pylist())
-        return stored.filter(pc.is_in(stored.column(col.GROUP_ID), pa.array(sorted(chosen), pa.string())))
+        keep = pc.is_in(stored.column(col.GROUP_ID), pa.array(sorted(chosen), pa.string()))
+        return stored.filter(keep)

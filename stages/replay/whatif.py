@@ -142,28 +142,21 @@ def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
 
 def _report(run_id: str, labels: list[str], base: str, before: list[pa.Table],
             after: list[pa.Table]) -> WhatIf:
-    steps = [_compare(b, a) for b, a in zip(before, after)]
-    if before:
-        everything = _compare(pa.concat_tables(before), pa.concat_tables(after))
-    else:
-        everything = _compare(None, None)
-    reasons: Counter = Counter()
-    for b, a in zip(before, after):
-        newly = _mask(b, col.KEPT) & ~_mask(a, col.KEPT)
-        for stage, why in zip(np.asarray(a.column(col.DROPPED_BY).to_pylist(), dtype=object)[newly],
-                              np.asarray(a.column(col.DROP_REASON).to_pylist(), dtype=object)[newly]):
-            reasons[f"{stage}: {why}"] += 1
-    for b, entry in zip(before, steps):
-        entry["step"] = float(b.column(col.STEP)[0].as_py())
-    rows = None
-    if before:
-        b, a = pa.concat_tables(before), pa.concat_tables(after)
-        rows = pa.table({"rollout_id": b.column(col.ROLLOUT_ID), "step": b.column(col.STEP),
-                         "kept_before": b.column(col.KEPT), "kept_after": a.column(col.KEPT),
-                         "reward_before": b.column(col.REWARD), "reward_after": a.column(col.REWARD),
-                         "dropped_by_after": a.column(col.DROPPED_BY),
-                         "drop_reason_after": a.column(col.DROP_REASON)})
-    return WhatIf(run_id, labels, base, everything, steps, dict(reasons), rows)
+    if not before:
+        return WhatIf(run_id, labels, base, _compare(None, None))
+    steps = [{"step": float(b.column(col.STEP)[0].as_py()), **_compare(b, a)}
+             for b, a in zip(before, after)]
+    b, a = pa.concat_tables(before), pa.concat_tables(after)
+    newly = _mask(b, col.KEPT) & ~_mask(a, col.KEPT)
+    stage = np.asarray(a.column(col.DROPPED_BY).to_pylist(), dtype=object)[newly]
+    why = np.asarray(a.column(col.DROP_REASON).to_pylist(), dtype=object)[newly]
+    reasons = Counter(f"{s}: {w}" for s, w in zip(stage, why))
+    rows = pa.table({"rollout_id": b.column(col.ROLLOUT_ID), "step": b.column(col.STEP),
+                     "kept_before": b.column(col.KEPT), "kept_after": a.column(col.KEPT),
+                     "reward_before": b.column(col.REWARD), "reward_after": a.column(col.REWARD),
+                     "dropped_by_after": a.column(col.DROPPED_BY),
+                     "drop_reason_after": a.column(col.DROP_REASON)})
+    return WhatIf(run_id, labels, base, _compare(b, a), steps, dict(reasons), rows)
 
 
 def _compare(b: pa.Table | None, a: pa.Table | None) -> dict[str, float]:
@@ -187,7 +180,8 @@ def _mask(t: pa.Table, name: str) -> np.ndarray:
 
 
 def _floats(t: pa.Table) -> np.ndarray:
-    return np.asarray([np.nan if v is None else v for v in t.column(col.REWARD).to_pylist()], dtype=float)
+    values = t.column(col.REWARD).to_pylist()
+    return np.asarray([np.nan if v is None else v for v in values], dtype=float)
 
 
 def _mean(values: np.ndarray) -> float:

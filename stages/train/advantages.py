@@ -43,7 +43,8 @@ def lookup_advantage(name: str) -> AdvantageFn:
     try:
         return ADVANTAGES[name]
     except KeyError:
-        raise KeyError(f"unknown advantage {name!r}; known: {', '.join(sorted(ADVANTAGES))}") from None
+        known = ", ".join(sorted(ADVANTAGES))
+        raise KeyError(f"unknown advantage {name!r}; known: {known}") from None
 
 
 def _groups(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

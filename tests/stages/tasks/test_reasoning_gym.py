@@ -87,7 +87,8 @@ def test_jsonl_fraction_split_is_stable_and_disjoint(tmp_path):
     train, held = task.train_prompts(), task.heldout_prompts()
     assert train.schema == PROMPT_SCHEMA and train.num_rows + held.num_rows == 200
     assert 25 < held.num_rows < 75
-    assert not set(train.column("prompt_id").to_pylist()) & set(held.column("prompt_id").to_pylist())
+    train_ids = set(train.column("prompt_id").to_pylist())
+    assert not train_ids & set(held.column("prompt_id").to_pylist())
     assert held.equals(JsonlTask(path=path, heldout_fraction=0.25).heldout_prompts())
     assert train.column("task")[0].as_py() == "add"
     assert json.loads(train.column("meta")[0].as_py())["i"] >= 0

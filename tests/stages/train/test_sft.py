@@ -66,3 +66,12 @@ def test_config_is_strict():
         SFT(steps=0)
     with pytest.raises(ValidationError, match="extra"):
         SFT(epochs=3)
+
+
+def test_learning_rate_schedules():
+    constant = SFT(steps=20, warmup=0.1, schedule="constant")
+    assert [constant._lr_factor(s) for s in (0, 1, 2, 19)] == [0.5, 1.0, 1.0, 1.0]
+    cosine = SFT(steps=20, warmup=0.1, schedule="cosine")
+    assert cosine._lr_factor(2) == pytest.approx(1.0)
+    assert cosine._lr_factor(11) == pytest.approx(0.55)  # half way: 0.1 + 0.9 / 2
+    assert cosine._lr_factor(20) == pytest.approx(0.1)
