@@ -19,16 +19,27 @@ MLflow; see ``bench/_overhead.py``); the target is at most 5%.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import sys
 import random
 import statistics
 import string
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from _overhead import runtime_overhead
+_HERE = Path(__file__).resolve().parent
+# run as a script, bench/ comes first on sys.path and bench/store.py would shadow the
+# `store` package: take bench/ off and load the sibling helper by path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+_spec = importlib.util.spec_from_file_location("_overhead", _HERE / "_overhead.py")
+_overhead = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_overhead)
+runtime_overhead = _overhead.runtime_overhead
+
 from gfcr.engine import GenRequest, SamplingParams
 from gfcr.pipeline import load
 from stages.engines.hf import HF
