@@ -8,19 +8,15 @@ prompt whose Beta pass-rate posterior (from the store's history) it makes most c
 towards hard prompts, at the same cost.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, GroupSample, ReasoningGym, RolloutAllocator, TinyLlama,
-                    UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import GRPO, GroupSample, RolloutAllocator, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="allocate",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: 24 prompts a step
         UniformSampler(batch=24),
@@ -32,5 +28,4 @@ pipeline = Pipeline(
         Verify(),
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -9,19 +9,16 @@ Nothing is discarded: ``stages.replay.recycle.recycle_counts`` says where every 
 went.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, ActivePartialRollouts, GroupSample, ReasoningGym,
-                    RecyclePartials, TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import (GRPO, ActivePartialRollouts, GroupSample, RecyclePartials,
+                    UniformSampler, Verify)
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="april",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: the groups left unfinished last step first, then fresh prompts to 24
         RecyclePartials(max_staleness=4),
@@ -34,5 +31,4 @@ pipeline = Pipeline(
         Verify(),
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

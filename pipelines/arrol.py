@@ -8,19 +8,15 @@ pruned until the sides are even, at most half of a group. The step metrics
 ``pruned_frac`` and ``pruned_token_frac`` say how much was pruned.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, GroupSample, OnlinePrune, ReasoningGym, TinyLlama,
-                    UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import GRPO, GroupSample, OnlinePrune, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="arrol",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: 16 prompts a step
         UniformSampler(batch=16),
@@ -32,5 +28,4 @@ pipeline = Pipeline(
         Verify(),
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -7,19 +7,15 @@ longer caps), and once 640 tokens are spent whatever still runs is pruned. The a
 spreads 128 samples over the 16 prompts where the pass-rate posterior is least certain.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, GroupSample, ReasoningGym, RolloutAllocator, TinyLlama,
-                    TokenBudget, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import GRPO, GroupSample, RolloutAllocator, TokenBudget, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="budget",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: 16 prompts a step
         UniformSampler(batch=16),
@@ -32,5 +28,4 @@ pipeline = Pipeline(
         Verify(),
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -8,19 +8,16 @@ name the store and run they came from in the extra column ``replay_source``. Poi
 ``cross_run_replay.source`` at any other store to share across machines.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, CrossRunReplay, DynamicSampling, GroupSample, ReasoningGym,
-                    TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import (GRPO, CrossRunReplay, DynamicSampling, GroupSample, UniformSampler,
+                    Verify)
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="cross_run",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 32 new prompts; after filtering, 4 groups shared by other runs
         UniformSampler(batch=32),
@@ -33,5 +30,4 @@ pipeline = Pipeline(
         # --- Train: GRPO; shared rows are off-policy, corrected by their stored logprobs
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -6,19 +6,15 @@ The token level is applied by the trainer from the ``token_keep_ratio`` column (
 ``stages.filter.d3s``).
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (D3S, GRPO, HF, SFT, GroupSample, ReasoningGym, TinyLlama, UniformSampler,
-                    Verify)
+from gfcr import Pipeline
+from stages import D3S, GRPO, GroupSample, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="d3s",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay
         UniformSampler(batch=16),
@@ -30,5 +26,4 @@ pipeline = Pipeline(
         # --- Train
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -8,19 +8,15 @@ of its 8 tokens loses up to 1 reward (DAPO's R_length). The penalty makes reward
 continuous; dynamic sampling judges groups by their spread, so that is fine.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, Overlong, ReasoningGym,
-                    TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import GRPO, DynamicSampling, GroupSample, Overlong, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="dapo",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: 16 prompts, more in refill rounds
         UniformSampler(batch=16),
@@ -33,5 +29,4 @@ pipeline = Pipeline(
         # --- Train: clip-higher (0.2 / 0.28), loss averaged over tokens
         GRPO(clip_low=0.2, clip_high=0.28, aggregation="token_mean"),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -16,14 +16,16 @@ task = ReasoningGym(dataset="chain_sum",
                     config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
 policy = TinyLlama()
 
+SETUP = dict(task=task, policy=policy, engine=HF(device="cpu"), warmstart=SFT(steps=1000),
+             evaluation=Evaluation(size=256, max_tokens=8))
+"""The task, policy, engine, warm start and evaluation every ready pipeline shares, so
+they all start from the same cached warm start and are measured the same way."""
+
 pipeline = Pipeline(
     name="default",
     seed=0,
     steps=60,
-    task=task,
-    policy=policy,
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: which prompts this step
         UniformSampler(batch=32),
@@ -35,5 +37,4 @@ pipeline = Pipeline(
         # --- Train: group-normalised advantages, clipped policy gradient
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

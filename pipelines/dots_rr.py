@@ -8,19 +8,15 @@ n-gram TF-IDF, attention-style weights) — and draws the 16 nearest to 1/2; Rol
 Replay tops the batch up to 16 groups with signal from the last 4 steps.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (DOTS, GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym,
-                    RolloutReplay, TinyLlama, Verify)
+from gfcr import Pipeline
+from stages import DOTS, GRPO, DynamicSampling, GroupSample, RolloutReplay, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="dots_rr",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 16 prompts of moderate predicted difficulty; replay to 16 kept groups
         DOTS(batch=16, target=0.5, candidates=512, reference=256),
@@ -33,5 +29,4 @@ pipeline = Pipeline(
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

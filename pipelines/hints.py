@@ -7,19 +7,16 @@ Forced tokens are marked in ``hint_tokens`` for the trainer to mask, seeded prom
 ``exemplars``.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
-                    Hints, ReasoningGym, TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import (GRPO, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
+                    Hints, UniformSampler, Verify)
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="hints",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay
         UniformSampler(batch=16),
@@ -34,5 +31,4 @@ pipeline = Pipeline(
         # --- Train
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -7,19 +7,15 @@ highest information gain, weighted by the chance that a group of 8 carries signa
 drawn each step — before any rollout, so no compute goes to groups known to be flat.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, InSight, ReasoningGym,
-                    TinyLlama, Verify)
+from gfcr import Pipeline
+from stages import GRPO, DynamicSampling, GroupSample, InSight, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="insight",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 32 prompts by weighted mutual information (rollouts = GroupSample's n)
         InSight(batch=32, rollouts=8),
@@ -31,5 +27,4 @@ pipeline = Pipeline(
         # --- Train: group-normalised advantages, clipped policy gradient
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

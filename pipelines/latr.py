@@ -8,19 +8,15 @@ default pipeline: chain_sum, a tiny Llama warm-started by SFT, dynamic sampling,
 Lineage is in the store: ``parent_id`` and ``branch_pos`` of every branch.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, ReasoningGym, TinyLlama, TreeRollout,
-                    UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import GRPO, DynamicSampling, TreeRollout, UniformSampler, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="latr",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay: which prompts this step
         UniformSampler(batch=16),
@@ -32,5 +28,4 @@ pipeline = Pipeline(
         # --- Train
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -7,19 +7,15 @@ probability towards bins whose (EMA-debiased) failure rate stays high, with 20% 
 exploration so no bin is starved.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, PromptGDRO, ReasoningGym,
-                    TinyLlama, Verify)
+from gfcr import Pipeline
+from stages import GRPO, DynamicSampling, GroupSample, PromptGDRO, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="prompt_gdro",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 32 prompts, group by multiplicative weights, prompt uniformly in it
         PromptGDRO(batch=32, bins=4, eta=0.1, gamma=0.2),
@@ -31,5 +27,4 @@ pipeline = Pipeline(
         # --- Train: group-normalised advantages, clipped policy gradient
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -7,19 +7,16 @@ noise); for agentic tasks pass ``errors="regex:Traceback|Error"`` or your own co
 The count each correct rollout was ranked by is stored in ``format_errors``.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym,
-                    ResampleOnCorrect, TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import (GRPO, DynamicSampling, GroupSample, ResampleOnCorrect, UniformSampler,
+                    Verify)
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="roc",
     seed=0,
     steps=40,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(),
+    **SETUP,
     stages=[
         # --- Replay
         UniformSampler(batch=16),
@@ -32,5 +29,4 @@ pipeline = Pipeline(
         # --- Train
         GRPO(),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

@@ -9,19 +9,16 @@ taken against the policy that generated them; MLflow gets replay/rows, replay/sh
 replay/staleness_* every step.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, RolloutReplay,
-                    TinyLlama, UniformSampler, Verify)
+from gfcr import Pipeline
+from stages import (GRPO, DynamicSampling, GroupSample, RolloutReplay, UniformSampler,
+                    Verify)
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="rollout_replay",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 16 new prompts; after filtering, replay recent groups up to 16 kept
         UniformSampler(batch=16),
@@ -34,5 +31,4 @@ pipeline = Pipeline(
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )

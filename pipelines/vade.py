@@ -8,19 +8,15 @@ prompts whose draw promises the most mixed groups — selection before rollout i
 rolling out and discarding flat groups.
 """
 
-from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, VADE, DynamicSampling, GroupSample, ReasoningGym,
-                    TinyLlama, Verify)
+from gfcr import Pipeline
+from stages import GRPO, VADE, DynamicSampling, GroupSample, Verify
+from pipelines.default import SETUP
 
 pipeline = Pipeline(
     name="vade",
     seed=0,
     steps=60,
-    task=ReasoningGym(dataset="chain_sum",
-                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
-    policy=TinyLlama(),
-    engine=HF(device="cpu"),
-    warmstart=SFT(steps=1000),
+    **SETUP,
     stages=[
         # --- Replay: 32 prompts by Thompson sampling on Beta posteriors
         VADE(batch=32, rollouts=8, half_life=8.0, prior_half_life=2.0),
@@ -32,5 +28,4 @@ pipeline = Pipeline(
         # --- Train: group-normalised advantages, clipped policy gradient
         GRPO(lr=1e-4),
     ],
-    evaluation=Evaluation(size=256, max_tokens=8),
 )
