@@ -138,7 +138,7 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT, executor: Executor
     """
     from store import RolloutStore
 
-    root = Path(root)
+    root = Path(root).resolve()
     run_id = run_id or new_run_id(pipeline)
     hooks = list(hooks or [])
     own_store = store is None
