@@ -152,8 +152,9 @@ _MIN_SHARED = 8
 def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float = 1.0, pad_id: int = 0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced ``log_softmax(logits / T)`` of each completion token, the engine's
-    convention (:func:`stages.engines.hf.batch_token_logprobs`, same shapes and values).
+    """Teacher-forced ``log_softmax(logits / T)`` (raw logits for ``T == 0``) of each
+    completion token: the engine's convention (:func:`stages.engines.hf.batch_token_logprobs`,
+    same shapes and values).
 
     The prompts' longest common token prefix is run once and its KV cache repeated over
     the batch (the shared-prefix forward of "Prefix Grouper", 2025): a GRPO group
@@ -185,7 +186,7 @@ def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[li
         targets[i, :len(c)] = torch.tensor(list(c), dtype=torch.long)
         mask[i, :len(c)] = True
     targets, mask = targets.to(device), mask.to(device)
-    logprobs = torch.log_softmax(picked / temperature, dim=-1)
+    logprobs = torch.log_softmax(picked / temperature if temperature > 0 else picked, dim=-1)
     logprobs = logprobs.gather(-1, targets[:, :, None]).squeeze(-1)
     return logprobs.masked_fill(~mask, 0.0), mask
 
