@@ -35,7 +35,7 @@ from pydantic import Field, field_validator
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import set_column
-from stages.train.advantages import ADVANTAGES, lookup_advantage
+from stages.train.advantages import known_advantage, lookup_advantage
 
 TOKEN_KEEP_RATIO = "token_keep_ratio"
 """Extra column (float64, null = keep every token). For the trainer: among the batch's
@@ -63,10 +63,7 @@ class D3S(StageSpec):
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, value: str) -> str:
-        if value not in ADVANTAGES:
-            raise ValueError(f"advantage {value!r} is not registered; known: "
-                             f"{', '.join(sorted(ADVANTAGES))}")
-        return value
+        return known_advantage(value)
 
     def shares(self, step: int) -> tuple[float, float | None]:
         """(sample share, token share) at ``step``: linear from the start values to 1."""

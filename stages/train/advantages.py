@@ -102,3 +102,12 @@ def drgrpo(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     centred, _, flat, _ = _centred(rewards, group_ids)
     centred[flat] = 0.0
     return centred
+
+
+def known_advantage(name: str) -> str:
+    """``name`` if it is registered; the ValueError names it and lists the known ones.
+    Configs that take an advantage name use this as their field validator."""
+    if name not in ADVANTAGES:
+        raise ValueError(f"advantage {name!r} is not registered; known: "
+                         f"{', '.join(sorted(ADVANTAGES))}")
+    return name

@@ -27,7 +27,7 @@ from gfcr.engine import Policy
 from gfcr.rollout import col
 from gfcr.stage import StageSpec, StepContext, TrainResult, register
 from stages.engines.hf import batch_token_logprobs
-from stages.train.advantages import ADVANTAGES, lookup_advantage
+from stages.train.advantages import known_advantage, lookup_advantage
 from stages.train.loss import Aggregation, policy_loss
 
 
@@ -61,10 +61,7 @@ class GRPO(StageSpec):
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, value: str) -> str:
-        if value not in ADVANTAGES:
-            raise ValueError(f"advantage {value!r} is not registered; known: "
-                             f"{', '.join(sorted(ADVANTAGES))}")
-        return value
+        return known_advantage(value)
 
     def learner(self, policy: Policy, *, seed: int) -> "GRPOLearner":
         """A learner with AdamW over ``policy.model`` (updated in place)."""
