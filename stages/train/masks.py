@@ -1,0 +1,81 @@
+"""Loss masks the trainer honours: which completion tokens the policy gradient sees.
+
+Two upstream stages ask the trainer to leave tokens out of the loss, each through an
+extra column, and only when that column is in the batch:
+
+- ``hint_tokens`` (int32, :mod:`stages.generate.conditioned`, ADHint): the first
+  ``hint_tokens`` tokens of ``completion_ids`` were forced from the reference answer, not
+  sampled by the policy. They stay in the sequence (the policy's later tokens are
+  conditioned on them) but are masked out of the loss, so neither their gradient nor
+  their ratio counts (:func:`hint_masks`).
+- ``token_keep_ratio`` (float64, :mod:`stages.filter.d3s`, D³S): keep only that share of
+  the batch's loss tokens, those with the largest ``|A_i| * H_{i,t}``, where ``H`` is the
+  policy's next-token entropy at the training temperature from the trainer's own forward
+  pass (:func:`d3s_masks`, which applies :func:`stages.filter.d3s.token_mask`).
+
+Departure from D³S: the share is of the tokens of rows the learner trains on (rows with a
+non-zero advantage and at least one loss token), not of every completion token in the
+batch; rows without signal carry no gradient whatever their mask.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from stages.filter.d3s import TOKEN_KEEP_RATIO, token_mask
+from stages.generate.conditioned import HINT_TOKENS
+
+
+def hint_masks(batch: pa.Table, rows: Sequence[int], lengths: Sequence[int],
+               *, stage: str = "grpo") -> list[np.ndarray]:
+    """Per selected row, a bool mask over its completion: False on the leading
+    ``hint_tokens`` forced tokens, True elsewhere (all True without the column)."""
+    if HINT_TOKENS not in batch.column_names:
+        return [np.ones(n, bool) for n in lengths]
+    hints = batch.column(HINT_TOKENS).to_pylist()
+    out = []
+    for i, n in zip(rows, lengths):
+        h = hints[i] or 0
+        if h < 0 or h > n:
+            raise ValueError(f"{stage}: batch row {int(i)!r} has {HINT_TOKENS}={h!r} but "
+                             f"{n!r} completion tokens")
+        mask = np.ones(n, bool)
+        mask[:h] = False
+        out.append(mask)
+    return out
+
+
+def keep_ratio(batch: pa.Table, *, stage: str = "grpo") -> float | None:
+    """The batch's D³S token share, or None (keep every token) without the column or
+    with every value null. D³S writes one value per step; rows replayed from an earlier
+    step may carry that step's smaller share (the schedule relaxes towards 1), so the
+    largest, the current step's, is used."""
+    if TOKEN_KEEP_RATIO not in batch.column_names:
+        return None
+    values = [v for v in batch.column(TOKEN_KEEP_RATIO).to_pylist() if v is not None]
+    if not values:
+        return None
+    ratio = max(values)
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"{stage}: column {TOKEN_KEEP_RATIO!r} must lie in (0, 1], "
+                         f"got {ratio!r}")
+    return ratio
+
+
+def d3s_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
+              entropies: Sequence[np.ndarray], ratio: float | None) -> list[np.ndarray]:
+    """``masks`` narrowed to D³S's kept tokens: ranks only the tokens already in the loss
+    (``masks`` true) by ``|A_i| * H_{i,t}`` and keeps the ``ratio`` share of them."""
+    if ratio is None or ratio >= 1.0:
+        return [np.asarray(m, bool) for m in masks]
+    inside = [np.asarray(h, float)[np.asarray(m, bool)] for m, h in zip(masks, entropies)]
+    kept = token_mask(list(advantages), inside, ratio)
+    out = []
+    for m, k in zip(masks, kept):
+        narrowed = np.asarray(m, bool).copy()
+        narrowed[narrowed] = k
+        out.append(narrowed)
+    return out
