@@ -6,7 +6,7 @@ needs them.
 
 from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
                          Tokenizer)
-from gfcr.pipeline import Evaluation, Pipeline, PipelineError, load
+from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError, load
 from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
 from gfcr.run import RunSummary, execute
 from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
@@ -15,7 +15,7 @@ from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult,
 __all__ = [
     "Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy", "SamplingParams",
     "Tokenizer",
-    "Evaluation", "Pipeline", "PipelineError", "load",
+    "Checkpointing", "Evaluation", "Pipeline", "PipelineError", "load",
     "ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id",
     "RunSummary", "execute",
     "FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup", "register",

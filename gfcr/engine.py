@@ -159,7 +159,12 @@ class Flight:
 
 @runtime_checkable
 class Engine(Protocol):
-    """A generator the loop can drive. Implementations live in ``stages/engines``."""
+    """A generator the loop can drive. Implementations live in ``stages/engines``.
+
+    Optional: ``get_rng_state()`` / ``set_rng_state(state)`` for a sampling generator the
+    engine carries between calls (used when ``SamplingParams.seed`` is None); checkpoints
+    save and restore it when present (:mod:`gfcr.checkpoint`).
+    """
 
     @property
     def version(self) -> int:

@@ -50,6 +50,17 @@ class Evaluation(Spec):
     max_tokens: int = Field(16, ge=1)
 
 
+class Checkpointing(Spec):
+    """When a run saves a checkpoint (see :mod:`gfcr.checkpoint`): after every ``every``
+    steps and after the last, keeping the newest ``keep``. A run resumes from the newest
+    complete one; these settings may change when a run is resumed."""
+
+    every: int = Field(10, ge=0)
+    """Save after every N steps; 0 saves only after the last step."""
+    keep: int = Field(2, ge=1)
+    """Complete checkpoints kept per run; older ones are deleted once a newer one is whole."""
+
+
 class Pipeline(Spec):
     """A GFCR pipeline: where prompts come from, which policy and engine, and the stages.
 
@@ -65,6 +76,7 @@ class Pipeline(Spec):
     warmstart: Any = None
     stages: tuple[Any, ...]
     evaluation: Evaluation = Evaluation()
+    checkpoint: Checkpointing = Checkpointing()
 
     def __init__(self, **data: Any) -> None:
         problems: list[str] = []
@@ -105,6 +117,7 @@ class Pipeline(Spec):
             out[key] = None if value is None else value.model_dump(mode="json")
         out["stages"] = [s.model_dump(mode="json") for s in self.stages]
         out["evaluation"] = self.evaluation.model_dump(mode="json")
+        out["checkpoint"] = self.checkpoint.model_dump(mode="json")
         return out
 
     def to_yaml(self) -> str:
@@ -315,13 +328,14 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
     if target is None:
         names = [s.get("name") or s.get("type") for s in data["stages"]]
         problems.append(f"{path!r}: no component or stage named {head!r}; stages: "
-                        f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation")
+                        f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation, "
+                        "checkpoint")
         return
     _set_nested(target, field.split("."), value)
 
 
 def _override_target(data: dict[str, Any], head: str) -> dict[str, Any] | None:
-    if head in (*COMPONENTS, "evaluation"):
+    if head in (*COMPONENTS, "evaluation", "checkpoint"):
         return data[head]
     for s in data["stages"]:
         if (s.get("name") or s.get("type")) == head:

@@ -215,6 +215,14 @@ class HFEngine:
     def decode(self, ids: list[int]) -> str:
         return self._policy.tokenizer.decode(ids)
 
+    def get_rng_state(self) -> torch.Tensor:
+        """State of the sampling generator used when ``SamplingParams.seed`` is None;
+        checkpoints save it so a resumed run draws what an uninterrupted one would."""
+        return self._gen.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self._gen.set_state(state.cpu())  # a ByteTensor on the CPU for any device
+
     def update_weights(self, state: Any | None = None) -> int:
         """Load ``state`` (a state dict) if given, then advance the version."""
         if state is not None:

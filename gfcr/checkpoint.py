@@ -1,0 +1,272 @@
+"""Checkpoints: a run's training state at a step boundary, written whole or not at all.
+
+A checkpoint holds what the store does not: the state after step ``k`` of the objects
+that live in the worker process. Layout under the run root::
+
+    runs/<run_id>/checkpoints/step-<k>/
+        model.safetensors   the policy's weights
+        state.pt            learner state (optimizer, counters, anything its state_dict
+                            holds, without the weights again) and RNG states: torch,
+                            CUDA, numpy, Python ``random`` and the engine's sampler
+        progress.json       what the run summary needs from before step k+1: held-out
+                            accuracies, warm-start metrics, per-step metrics
+        manifest.json       format, run id, step, spec hash, policy version, time, files
+        COMPLETE            written last: a folder without it is ignored
+
+A checkpoint is written into a hidden ``.tmp-*`` folder, each file flushed to disk, the
+``COMPLETE`` marker last, and only then renamed to ``step-<k>``; a write killed midway
+leaves a folder that readers skip (and the next save removes). After each save the newest
+``keep`` complete checkpoints stay and older ones are deleted, so a crash during a save
+always leaves the previous one. Loading reads safetensors and ``torch.load(weights_only=
+True)``: nothing in a checkpoint runs code.
+
+The per-step randomness of stages does not depend on these RNG states (``StepContext.rng``
+is derived from the run seed, step, round and stage), and neither does the HF engine's
+sampling under a generate stage that passes a seed; they are saved for code that draws
+from the global generators or the engine's own one. How a run resumes from a checkpoint
+is in :mod:`gfcr.resume`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+FORMAT = 1
+WEIGHTS, STATE, PROGRESS, MANIFEST, MARKER = (
+    "model.safetensors", "state.pt", "progress.json", "manifest.json", "COMPLETE")
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read or does not fit the run loading it; names the folder."""
+
+
+class Manifest(BaseModel):
+    """What a checkpoint is: written as ``manifest.json``, checked when loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    format: int
+    run_id: str
+    step: int
+    """The last step whose update the weights include; the run continues at step + 1."""
+    spec_hash: str
+    """Spec hash of the pipeline that wrote it (steps and checkpoint settings may differ)."""
+    policy_version: int
+    saved_at: str
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    manifest: Manifest
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+
+def directory(root: Path, run_id: str) -> Path:
+    """Where the checkpoints of ``run_id`` live under the run root."""
+    return Path(root) / "runs" / run_id / "checkpoints"
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, learner: Any,
+         engine: Any, progress: dict[str, Any], keep: int) -> Checkpoint:
+    """Write the state after ``step`` to ``where/step-<step>`` atomically, then keep the
+    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.engine.Policy`;
+    ``learner`` (or None) has ``state_dict()``; ``engine`` may have ``get_rng_state()``."""
+    import torch
+    from safetensors.torch import save_model
+
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = where / f".tmp-step-{step}-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp.mkdir()
+    manifest = Manifest(format=FORMAT, run_id=run_id, step=step, spec_hash=spec_hash,
+                        policy_version=int(policy.version),
+                        saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        files=(WEIGHTS, STATE, PROGRESS, MANIFEST))
+    try:
+        save_model(policy.model, str(tmp / WEIGHTS))
+        torch.save({"learner": _learner_state(learner, policy.model),
+                    "rng": _rng_state(engine)}, tmp / STATE)
+        (tmp / PROGRESS).write_text(json.dumps(progress))
+        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        for name in manifest.files:
+            _fsync(tmp / name)
+        (tmp / MARKER).write_text(f"step {step}\n")
+        _fsync(tmp / MARKER)
+        _fsync(tmp)
+        final = _move_into_place(tmp, where / f"step-{step}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(where, keep)
+    return Checkpoint(final, manifest)
+
+
+def _move_into_place(tmp: Path, final: Path) -> Path:
+    """Rename ``tmp`` to ``final``; a folder already there (a killed write of the same
+    step, or the same state saved again) is moved aside first and then deleted."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{secrets.token_hex(3)}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def prune(where: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints, and leftovers of killed
+    writes (incomplete ``step-*`` folders, ``.tmp-*`` and ``.old-*`` folders)."""
+    kept = {c.path.name for c in complete(where)[-keep:]}
+    for path in where.iterdir():
+        if path.is_dir() and path.name not in kept and (
+                _NAME.match(path.name) or path.name.startswith((".tmp-", ".old-"))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _learner_state(learner: Any, model: Any) -> dict[str, Any] | None:
+    """The learner's state dict without the policy weights it shares with
+    ``model.safetensors`` (its ``"model"`` entry, when that is the policy's own tensors)."""
+    if learner is None:
+        return None
+    state = dict(learner.state_dict())
+    if _is_policy_weights(state.get("model"), model):
+        state["model"] = "<model.safetensors>"
+    return state
+
+
+def _is_policy_weights(value: Any, model: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    own = model.state_dict()
+    return value.keys() == own.keys() and all(
+        value[k].data_ptr() == own[k].data_ptr() for k in own)
+
+
+def _rng_state(engine: Any) -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    np_state = np.random.get_state(legacy=False)
+    get_engine = getattr(engine, "get_rng_state", None)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"bit_generator": np_state["bit_generator"],
+                  "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                  "pos": int(np_state["state"]["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "python": random.getstate(),
+        "engine": get_engine() if callable(get_engine) else None,
+    }
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def complete(where: Path) -> list[Checkpoint]:
+    """The complete checkpoints under ``where``, oldest first (folders without the
+    ``COMPLETE`` marker are skipped: their write did not finish)."""
+    found = []
+    for path in where.glob("step-*") if where.is_dir() else ():
+        name = _NAME.match(path.name)
+        if name is None or not (path / MARKER).is_file():
+            continue
+        try:
+            manifest = Manifest.model_validate_json((path / MANIFEST).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {str(path)!r} is marked complete but its "
+                                  f"{MANIFEST} cannot be read: {err}") from err
+        if manifest.step != int(name.group(1)):
+            raise CheckpointError(f"checkpoint {str(path)!r} holds step {manifest.step!r} "
+                                  "in its manifest, not the step its folder names")
+        found.append(Checkpoint(path, manifest))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest(where: Path) -> Checkpoint | None:
+    """The newest complete checkpoint under ``where``, or None."""
+    found = complete(where)
+    return found[-1] if found else None
+
+
+def restore(ckpt: Checkpoint, *, policy: Any, learner: Any, engine: Any) -> dict[str, Any]:
+    """Load ``ckpt`` into the live objects (weights, learner, RNGs, policy version) and
+    return its progress record."""
+    import torch
+    from safetensors.torch import load_model
+
+    device = next(policy.model.parameters()).device
+    try:
+        load_model(policy.model, str(ckpt.path / WEIGHTS), strict=True, device=str(device))
+        state = torch.load(ckpt.path / STATE, map_location="cpu", weights_only=True)
+        progress = json.loads((ckpt.path / PROGRESS).read_text())
+    except (OSError, RuntimeError, ValueError) as err:
+        raise CheckpointError(f"cannot load checkpoint {str(ckpt.path)!r}: {err}") from err
+    _load_learner(ckpt, learner, state["learner"], policy.model)
+    _set_rng_state(state["rng"], engine)
+    policy.version = ckpt.manifest.policy_version
+    return progress
+
+
+def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None,
+                  model: Any) -> None:
+    if (learner is None) != (state is None):
+        has = "no learner state" if state is None else "a learner state"
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds {has}, but the pipeline "
+                              f"{'has' if learner is not None else 'has no'} train stage")
+    if learner is None or state is None:
+        return
+    if state.get("model") == "<model.safetensors>":
+        state = {**state, "model": model.state_dict()}
+    learner.load_state_dict(state)
+
+
+def _set_rng_state(rng: dict[str, Any], engine: Any) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    n = rng["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"], "has_gauss": n["has_gauss"],
+                         "gauss": n["gauss"], "state": {
+                             "key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
+    random.setstate(rng["python"])
+    set_engine = getattr(engine, "set_rng_state", None)
+    if rng["engine"] is not None and callable(set_engine):
+        set_engine(rng["engine"])
