@@ -31,29 +31,40 @@ def _quiet_prefect(verbose: bool) -> None:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume'). Without "
+               "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
+               "--set checkpoint.* may change, anything else is refused.")
+
+
 @app.command()
 def run(
-    pipeline: str = typer.Argument("default", help="Registered name, .py or .yaml file."),
+    pipeline: Optional[str] = typer.Argument(
+        None, help="Registered name, .py or .yaml file (default: 'default', or with --resume "
+                   "the run's own pipeline)."),
     steps: Optional[int] = typer.Option(None, help="Override the pipeline's step count."),
     set_: list[str] = typer.Option([], "--set", help="Override: stage.field=value (repeat)."),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help=RESUME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
     root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
 ) -> None:
-    """Run a pipeline (the embedded default if none is named)."""
+    """Run a pipeline (the embedded default if none is named), or resume a run."""
     _quiet_prefect(verbose)
     from gfcr.pipeline import PipelineError, load
+    from gfcr.resume import ResumeError
     from gfcr.run import execute
 
     try:
-        spec = load(pipeline)
+        spec = _resumed_pipeline(root, resume) if resume else None
+        if pipeline is not None or spec is None:
+            spec = load(pipeline or "default")
         if set_:
             spec = spec.with_overrides(set_)
         if steps is not None:
             spec = spec.with_overrides([f"steps={steps}"])
-    except PipelineError as e:
+    except (PipelineError, ResumeError) as e:
         _fail(str(e))
     if executor not in ("prefect", "local"):
         _fail(f"--executor must be 'prefect' or 'local', got {executor!r}")
@@ -61,13 +72,29 @@ def run(
     if track:
         from gfcr.tracking import MlflowHook
         hooks.append(MlflowHook())
-    summary = execute(spec, root=root, executor=executor, hooks=hooks)  # type: ignore[arg-type]
+    try:
+        summary = execute(spec, root=root, executor=executor, hooks=hooks,  # type: ignore[arg-type]
+                          run_id=resume)
+    except ResumeError as e:
+        _fail(str(e))
     if as_json:
         data = summary.as_dict()
         data.pop("history")
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
+
+
+def _resumed_pipeline(root: Path, run_id: str) -> Any:
+    """The stored pipeline of ``run_id`` (which must exist) in the store under ``root``."""
+    from gfcr.resume import stored_pipeline
+    from store import RolloutStore, StoreError
+
+    try:
+        with RolloutStore.open(root / "store", read_only=True, create=False) as s:
+            return stored_pipeline(s, run_id)
+    except StoreError as e:
+        _fail(f"--resume {run_id!r}: {e}")
 
 
 @app.command()
@@ -289,9 +316,13 @@ class _Progress:
                             disable=quiet)
         self.task = self.bar.add_task("starting", total=steps)
 
-    def on_start(self, *, run_id: str, **_: Any) -> None:
+    def on_start(self, *, run_id: str, resumed: bool = False, **_: Any) -> None:
         self.bar.start()
-        self.bar.console.print(f"gfcr run [bold]{run_id}[/bold]")
+        self.bar.console.print(f"gfcr run [bold]{run_id}[/bold]{' (resumed)' if resumed else ''}")
+
+    def on_resume(self, *, step: int, path: Path, **_: Any) -> None:
+        self.bar.update(self.task, completed=step + 1)
+        self.bar.console.print(f"resumed after step {step} from {path}")
 
     def on_phase(self, *, phase: str, **_: Any) -> None:
         self.bar.update(self.task, description=phase)

@@ -7,21 +7,28 @@ Tasks pass :class:`~gfcr.loop.TableRef` references to Arrow files staged under t
 root; the engine, the policy and the store connection stay in the flow's process for the
 whole run. Both executors run the same loop code with the same seeds, so they give the
 same results.
+
+A run id the store already holds is continued, not restarted: from its newest checkpoint,
+replaying committed steps after it without committing them again (:mod:`gfcr.resume`).
+Checkpoints are written after every ``checkpoint.every`` steps and after the last, as the
+task ``checkpoint[step=N]`` (:mod:`gfcr.checkpoint`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from gfcr import checkpoint, resume
 from gfcr.loop import Runtime, StepReport, TableRef, evaluate, run_step
 from gfcr.pipeline import Pipeline
 
@@ -77,11 +84,19 @@ class Hook(Protocol):
     hooks written before them.
     """
 
-    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **kw: Any) -> None: ...
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool,
+                 **kw: Any) -> None:
+        """``resumed``: the run id is an existing run, which this call continues."""
+
+    def on_resume(self, *, step: int, path: Path, **kw: Any) -> None:
+        """A resumed run loaded the checkpoint after ``step`` from ``path``."""
 
     def on_phase(self, *, phase: str, **kw: Any) -> None: ...
 
-    def on_step(self, *, step: int, metrics: dict[str, float], **kw: Any) -> None: ...
+    def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
+                **kw: Any) -> None:
+        """``replayed``: a step of a resumed run that was committed before (see
+        gfcr.resume); its metrics were reported when it first ran."""
 
     def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None: ...
 
@@ -117,6 +132,8 @@ class RunSummary:
     seconds: float
     warmstart: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from: int | None = None
+    """The checkpoint step this call resumed from (None: not resumed from a checkpoint)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -129,23 +146,35 @@ def new_run_id(pipeline: Pipeline) -> str:
     return f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT, executor: Executor = "prefect",
             run_id: str | None = None, hooks: list[Any] | None = None,
             store: Any = None) -> RunSummary:
     """Run ``pipeline`` to completion and return its summary.
 
-    ``store`` is an open RolloutStore (None: open the one under ``root``).
+    ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
+    of a run the store already holds resumes that run from its newest checkpoint (see
+    :mod:`gfcr.resume`); the pipeline must then be that run's own, up to ``steps`` and
+    ``checkpoint``, or :class:`gfcr.resume.ResumeError` is raised before anything is
+    written. ``store`` is an open RolloutStore (None: open the one under ``root``).
     """
     from store import RolloutStore
 
     root = Path(root).resolve()
+    if run_id is not None and not _RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run id {run_id!r} may hold only letters, digits, '.', '_' and '-' "
+                         "(it names folders under the run root), starting with a letter or digit")
     run_id = run_id or new_run_id(pipeline)
     hooks = list(hooks or [])
     own_store = store is None
     store = store or RolloutStore.open(root / "store")
-    stash: Any = FileStash(root / "staging" / run_id) if executor == "prefect" else MemoryStash()
+    stash: Any = None
     try:
-        body = _body(pipeline, root, run_id, hooks, store, stash)
+        resumed = resume.check(store, run_id, pipeline)
+        stash = FileStash(root / "staging" / run_id) if executor == "prefect" else MemoryStash()
+        body = _body(pipeline, root, run_id, hooks, store, stash, resumed)
         if executor == "local":
             return body(_local_call)
         return _prefect_flow(pipeline, run_id, body)
@@ -161,15 +190,17 @@ def _local_call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any) -> Callable[[Callable[..., Any]], RunSummary]:
+          stash: Any, resumed: bool) -> Callable[[Callable[..., Any]], RunSummary]:
     def body(call: Callable[..., Any]) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
-        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root)
+        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed)
         status = "failed"
         try:
-            summary = _drive(pipeline, root, run_id, hooks, store, stash, call, started)
+            rt, policy = _build(pipeline, run_id, stash, store)
+            summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy),
+                             started, resumed)
             status = "finished"
             return summary
         finally:
@@ -179,46 +210,94 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
     return body
 
 
-def _drive(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-           stash: Any, call: Callable[..., Any], started: float) -> RunSummary:
-    rt, policy = _build(pipeline, run_id, stash, store)
-    heldout = pipeline.task.heldout_prompts().slice(0, pipeline.evaluation.size)
-    ev = pipeline.evaluation
+@dataclass
+class _Run:
+    """What the driving functions share: the run, its live objects and its executor."""
 
-    def evaluate_at(label: str, step: int) -> float:
-        _emit(hooks, "on_phase", phase=f"evaluate[{label}]")
-        result = call(f"evaluate[{label}]",
-                      lambda: evaluate(rt.task, rt.engine, heldout, max_tokens=ev.max_tokens))
-        _emit(hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
+    pipeline: Pipeline
+    root: Path
+    run_id: str
+    hooks: list[Any]
+    store: Any
+    call: Callable[..., Any]
+    rt: Runtime
+    policy: Any
+
+    def evaluate_at(self, label: str, step: int) -> float:
+        """Held-out greedy accuracy, as the task ``evaluate[label]``."""
+        ev, rt = self.pipeline.evaluation, self.rt
+        heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
+        _emit(self.hooks, "on_phase", phase=f"evaluate[{label}]")
+        result = self.call(f"evaluate[{label}]", lambda: evaluate(
+            rt.task, rt.engine, heldout, max_tokens=ev.max_tokens))
+        _emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
         return result["accuracy"]
 
-    before = warmed = None
-    warm: dict[str, float] = {}
-    if pipeline.warmstart is not None:
-        before = evaluate_at("initial", 0)
-        _emit(hooks, "on_phase", phase="warmstart")
-        warm = dict(call("warmstart", lambda: pipeline.warmstart.run(
-            policy, pipeline.task, seed=pipeline.seed, cache_dir=root / "cache")))
-        rt.engine.update_weights()
-    warmed = evaluate_at("step=0", 0)
-    history: list[dict[str, float]] = []
-    for step in range(pipeline.steps):
-        report: StepReport = run_step(rt, run_id, step, call)
-        if ev.every and (step + 1) % ev.every == 0 and step + 1 < pipeline.steps:
-            report.metrics["heldout_accuracy"] = evaluate_at(f"step={step + 1}", step + 1)
-        history.append(report.metrics)
-        _emit(hooks, "on_step", step=step, metrics=report.metrics)
-    after = evaluate_at(f"step={pipeline.steps}", pipeline.steps)
+
+def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
+    """Start (or resume), run the remaining steps, evaluate, summarise."""
+    p, store = run.pipeline, run.store
+    ckpt = checkpoint.latest(checkpoint.directory(run.root, run.run_id)) if resumed else None
+    if ckpt is None:
+        progress = _start(run)
+    else:
+        progress = checkpoint.restore(ckpt, policy=run.policy, learner=run.rt.learner,
+                                      engine=run.rt.engine)
+        _emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
+    last = store.last_step(run.run_id) if resumed else None
+    for step in range(0 if ckpt is None else ckpt.step + 1, p.steps):
+        _step(run, step, progress, replayed=last is not None and step <= last)
+    after = run.evaluate_at(f"step={p.steps}", p.steps)
+    initial, start = progress["accuracy_initial"], progress["accuracy_start"]
     summary = RunSummary(
-        run_id=run_id, pipeline=pipeline.name, spec_hash=pipeline.spec_hash(),
-        store=str(store.uri), mlflow=None, steps=pipeline.steps,
+        run_id=run.run_id, pipeline=p.name, spec_hash=p.spec_hash(), store=str(store.uri),
+        mlflow=None, steps=p.steps,
         rollouts=int(store.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?",
-                               [run_id]).column("n")[0].as_py()),
-        accuracy_before=warmed if before is None else before,
-        accuracy_warmstart=warmed if before is not None else None, accuracy_after=after,
-        seconds=time.perf_counter() - started, warmstart=warm, history=history)
-    _emit(hooks, "on_end", summary=summary, status="finished")
+                               [run.run_id]).column("n")[0].as_py()),
+        accuracy_before=start if initial is None else initial,
+        accuracy_warmstart=None if initial is None else start, accuracy_after=after,
+        seconds=time.perf_counter() - started, warmstart=progress["warmstart"],
+        history=progress["history"], resumed_from=None if ckpt is None else ckpt.step)
+    _emit(run.hooks, "on_end", summary=summary, status="finished")
     return summary
+
+
+def _start(run: _Run) -> dict[str, Any]:
+    """A run's beginning: evaluate, warm start, evaluate again. Returns the progress
+    record that checkpoints carry (see gfcr.checkpoint)."""
+    p = run.pipeline
+    progress: dict[str, Any] = {"accuracy_initial": None, "accuracy_start": None,
+                                "warmstart": {}, "history": []}
+    if p.warmstart is not None:
+        progress["accuracy_initial"] = run.evaluate_at("initial", 0)
+        _emit(run.hooks, "on_phase", phase="warmstart")
+        progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
+            run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache")))
+        run.rt.engine.update_weights()
+    progress["accuracy_start"] = run.evaluate_at("step=0", 0)
+    return progress
+
+
+def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> None:
+    """One step, then a checkpoint when one is due. A replayed step (committed before a
+    resume) runs without committing and is checked against the store instead."""
+    p, ev = run.pipeline, run.pipeline.evaluation
+    report: StepReport = run_step(replace(run.rt, commit=None) if replayed else run.rt,
+                                  run.run_id, step, run.call)
+    if replayed:
+        table = run.rt.stash.get(report.rollouts)
+        report.metrics["resume/replay_mismatch"] = float(
+            resume.replay_mismatch(run.store, run.run_id, step, table))
+    elif ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
+        report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
+    progress["history"].append(report.metrics)
+    every = p.checkpoint.every
+    if step == p.steps - 1 or (every and (step + 1) % every == 0):
+        run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
+            checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
+            spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
+            engine=run.rt.engine, progress=progress, keep=p.checkpoint.keep).path))
+    _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed)
 
 
 def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any) -> tuple[Runtime, Any]:
@@ -233,11 +312,15 @@ def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any) -> tuple[Run
 
 
 def _history(store: Any, run_id: str) -> Callable[[int], Any]:
-    """The run's history as of the step before ``step``: what a resumed run sees too."""
+    """The run's history as of the step before ``step``: what a resumed run sees too. At
+    step 0 that is the store before the run's first commit (live, until it has one)."""
     from store import History
 
     def at(step: int) -> Any:
-        return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+        if step:
+            return History(store, run_id, as_of_step=step - 1)
+        first = store.step_snapshot(run_id, 0)
+        return History(store, run_id, as_of_snapshot=None if first is None else first - 1)
     return at
 
 

@@ -5,7 +5,8 @@ backend under the run root by default (the file store is deprecated) and artifac
 ``mlartifacts/`` beside it. Params are the
 flattened spec, tags hold the spec hash, run id and store location, metrics are logged per
 step, and the pipeline YAML and the summary are artifacts. Only the orchestrating process
-logs.
+logs. A resumed pipeline run continues its MLflow run (found by the ``gfcr.run_id`` tag)
+rather than starting another; steps it replays are not logged again.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class MlflowHook:
         self.uri = uri
         self._run: Any = None
 
-    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: Any) -> None:
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool = False,
+                 **_: Any) -> None:
         import mlflow
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
@@ -61,6 +63,12 @@ class MlflowHook:
             artifacts = (Path(root) / "mlartifacts").resolve().as_uri()
             mlflow.create_experiment(pipeline.name, artifact_location=artifacts)
         mlflow.set_experiment(pipeline.name)
+        earlier = _find_run(pipeline.name, run_id) if resumed else None
+        if earlier is not None:  # params are immutable in MLflow: keep the first ones
+            self._run = mlflow.start_run(run_id=earlier)
+            mlflow.set_tag("gfcr.resumed", "true")
+            mlflow.log_text(pipeline.to_yaml(), "pipeline.yaml")
+            return
         self._run = mlflow.start_run(run_name=run_id)
         params = flatten(pipeline.to_dict())
         items = list(params.items())
@@ -70,8 +78,17 @@ class MlflowHook:
                          "gfcr.store": str((Path(root) / "store").resolve())})
         mlflow.log_text(pipeline.to_yaml(), "pipeline.yaml")
 
-    def on_step(self, *, step: int, metrics: dict[str, float], **_: Any) -> None:
+    def on_resume(self, *, step: int, **_: Any) -> None:
         import mlflow
+
+        mlflow.log_metric("resumed_from_step", step, step=step + 1)
+
+    def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool = False,
+                **_: Any) -> None:
+        import mlflow
+
+        if replayed:  # logged when the step first ran
+            return
 
         finite = {_key(k): v for k, v in metrics.items() if math.isfinite(v)}
         mlflow.log_metrics(finite, step=step)
@@ -93,6 +110,15 @@ class MlflowHook:
                             "summary.json")
         mlflow.end_run(status="FINISHED" if status == "finished" else "FAILED")
         self._run = None
+
+
+def _find_run(experiment: str, run_id: str) -> str | None:
+    """The MLflow run id of the pipeline run ``run_id`` (its ``gfcr.run_id`` tag), if any."""
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=[experiment], output_format="list",
+                              filter_string=f"tags.`gfcr.run_id` = '{run_id}'")
+    return runs[0].info.run_id if runs else None
 
 
 def _key(name: str) -> str:

@@ -73,7 +73,7 @@ def test_prefect_flow_has_one_task_per_stage_per_step(tmp_path, pipeline, prefec
     assert state == "COMPLETED"
     expected = {f"{s.label}[step={n}]" for s in pipeline.stages for n in range(2)}
     expected |= {f"commit[step={n}]" for n in range(2)}
-    expected |= {"evaluate[step=0]", "evaluate[step=2]"}
+    expected |= {"evaluate[step=0]", "evaluate[step=2]", "checkpoint[step=1]"}
     assert set(task_names) == expected and len(task_names) == len(expected)
 
 
