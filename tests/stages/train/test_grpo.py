@@ -135,7 +135,7 @@ def test_config_is_strict():
     with pytest.raises(ValidationError, match="temperature"):
         GRPO(temperature=0.0)
     with pytest.raises(ValidationError, match="extra"):
-        GRPO(kl_coef=0.1)
+        GRPO(kl_coeff=0.1)
     assert GRPO.reads == {"reward", "group_id", "prompt_ids", "completion_ids", "logprobs"}
     assert GRPO.writes == {"advantage"}
     assert np.isfinite(GRPO().lr)

@@ -1,0 +1,350 @@
+"""The GRPO learner: turns a batch into a policy update (see :mod:`stages.train.grpo` for
+the method and its options).
+
+One update: advantages over the batch's groups (with the ``rewards`` components for
+estimators that read them), the rows with signal, their loss masks
+(:mod:`stages.train.masks`), a no-grad pass at the current weights where needed (proximal
+logprobs of off-policy rows, :mod:`stages.train.offpolicy`; token entropies for D³S), the
+reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each over
+micro-batches (:mod:`stages.train.batching`) whose losses are divided by whole-batch counts
+so the accumulated gradient is the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from gfcr.engine import Policy
+from gfcr.rollout import col
+from gfcr.stage import StepContext, TrainResult
+from stages.train import masks as loss_masks
+from stages.train import offpolicy
+from stages.train.advantages import lookup_advantage, reward_components
+from stages.train.batching import pack, padded
+from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
+from stages.train.loss import Aggregation, policy_loss, token_entropy, truncated_is_weights
+from stages.train.optim import autocast, bf16_problem, lr_factor, set_lr
+
+if TYPE_CHECKING:
+    from stages.train.grpo import GRPO
+
+COMPONENT_ESTIMATORS = frozenset({"gdpo"})
+"""Advantage estimators that read the ``rewards`` components (the others ignore them)."""
+
+@dataclass
+class _Work:
+    """The rows one update trains on, aligned lists (one entry per row)."""
+
+    prompts: list[list[int]] = field(default_factory=list)
+    completions: list[list[int]] = field(default_factory=list)
+    adv: list[float] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    """Loss masks (hints and D³S applied)."""
+    old: list[np.ndarray] = field(default_factory=list)
+    """Logprobs the ratio is taken against: behaviour, or proximal for off-policy rows."""
+    weights: list[np.ndarray] | None = None
+    """Truncated IS weights (ones on on-policy rows); None when no row is off-policy."""
+    ref: list[np.ndarray] | None = None
+    """Reference-model logprobs, when ``kl_coef > 0``."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class GRPOLearner:
+    """Applies :class:`GRPO` updates to a policy shared with the engine. It never touches
+    the engine: the loop calls ``engine.update_weights()`` after each update."""
+
+    def __init__(self, spec: GRPO, policy: Policy, *, seed: int) -> None:
+        self.spec, self.policy, self.seed = spec, policy, seed
+        self.updates = 0
+        self.reference: torch.nn.Module | None = None
+        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=spec.lr,
+                                           betas=(0.9, 0.999), weight_decay=0.0)
+        self.device = next(policy.model.parameters()).device
+        problem = bf16_problem(self.device) if spec.precision == "bf16" else None
+        if problem:
+            raise ValueError(f"stage {spec.label!r}: precision='bf16': {problem}")
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
+        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps."""
+        rewards = _rewards(batch, self.spec.label)
+        adv = self._advantages(batch, rewards)
+        metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
+                   "adv_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0}
+        work = self.prepare(ctx, batch, adv)
+        metrics.update(work.metrics)
+        position = ctx.step if ctx is not None else self.updates
+        metrics["lr"] = self.spec.lr * lr_factor(position, self.spec.lr_schedule,
+                                                 warmup=self.spec.warmup_steps,
+                                                 total=self.spec.total_steps)
+        if not work.prompts:
+            metrics.update(loss=0.0, clip_frac=0.0, grad_norm=0.0, approx_kl=0.0,
+                           ratio_mean=1.0)
+            return TrainResult(advantages=adv.tolist(), metrics=metrics)
+        set_lr(self.optimizer, metrics["lr"])
+        epochs = [self._epoch(work) for _ in range(self.spec.epochs)]
+        self.updates += 1
+        for key in epochs[0]:
+            metrics[key] = float(np.mean([e[key] for e in epochs]))
+        return TrainResult(advantages=adv.tolist(), metrics=metrics)
+
+    def loss_and_gradients(self, ctx: StepContext | None, batch: pa.Table) -> float:
+        """The loss of ``batch`` at the current weights with its gradient left in the
+        parameters' ``.grad`` (accumulated over micro-batches); no optimizer step. For
+        diagnostics and tests."""
+        adv = self._advantages(batch, _rewards(batch, self.spec.label))
+        work = self.prepare(ctx, batch, adv)
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._accumulate(work)[0] if work.prompts else 0.0
+
+    def prepare(self, ctx: StepContext | None, batch: pa.Table, adv: np.ndarray) -> _Work:
+        """The rows to train on with their loss masks, "old" logprobs, IS weights and
+        reference logprobs (no-grad forward passes at the current weights where needed)."""
+        spec, label = self.spec, self.spec.label
+        self.policy.model.train()
+        rows, prompts, completions, behaviour = _active_rows(batch, adv, label)
+        hint = loss_masks.hint_masks(batch, rows, [len(c) for c in completions], stage=label)
+        keep = [i for i, m in enumerate(hint) if m.any()]
+        rows, prompts, completions, behaviour, hint = (
+            [seq[i] for i in keep] for seq in (rows, prompts, completions, behaviour, hint))
+        version = ctx.policy_version if ctx is not None else getattr(self.policy, "version", None)
+        stale = offpolicy.staleness(batch, rows, version)
+        off = offpolicy.off_policy(batch, rows, stale)
+        ratio = loss_masks.keep_ratio(batch, stage=label)
+        use_prox = spec.tis_cap is not None and bool(off.any())
+        use_entropy = ratio is not None and ratio < 1.0
+        forward = [i for i in range(len(rows)) if use_entropy or (use_prox and off[i])]
+        prox, entropy = self._no_grad_pass(prompts, completions, forward, use_entropy)
+        row_adv = [float(adv[i]) for i in rows]
+        masks = loss_masks.d3s_masks(hint, row_adv, entropy, ratio) if use_entropy else hint
+        work = _Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
+                     old=[prox[i] if use_prox and off[i] else behaviour[i]
+                          for i in range(len(rows))])
+        if use_prox:
+            work.weights = self._is_weights(work, behaviour, off)
+        n_tokens = sum(len(c) for c in completions)
+        work.metrics = {"n_seqs": float(len(rows)), "n_tokens": float(n_tokens),
+                        "loss_token_share": (float(sum(int(m.sum()) for m in masks)) / n_tokens
+                                             if n_tokens else 0.0),
+                        **offpolicy.metrics(off, stale, work.weights or
+                                            [np.ones(len(m)) for m in masks], masks,
+                                            spec.tis_cap)}
+        _drop_empty(work)
+        if spec.kl_coef > 0 and work.prompts:
+            work.ref = self._reference_logprobs(work)
+        return work
+
+    # ------------------------------------------------------------------ pieces
+
+    def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
+        estimator = lookup_advantage(self.spec.advantage)
+        groups = np.asarray(batch.column(col.GROUP_ID).to_pylist())
+        components = None
+        if self.spec.advantage in COMPONENT_ESTIMATORS and col.REWARDS in batch.column_names:
+            entries = batch.column(col.REWARDS).to_pylist()
+            if any(entries):  # none: the scalar reward is the one component
+                try:
+                    components = reward_components(entries)[1]
+                except ValueError as err:
+                    raise ValueError(f"stage {self.spec.label!r}: advantage="
+                                     f"{self.spec.advantage!r} needs the same reward "
+                                     f"components on every row: {err}") from None
+        return np.asarray(estimator(rewards, groups, components), dtype=np.float64)
+
+    def _epoch(self, work: _Work) -> dict[str, float]:
+        """One optimizer step, gradients accumulated over micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total, stats = self._accumulate(work)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+                                                   self.spec.max_grad_norm)
+        self.optimizer.step()
+        return {"loss": total, "grad_norm": float(grad_norm), **stats}
+
+    def _accumulate(self, work: _Work) -> tuple[float, dict[str, float]]:
+        """Backward of every micro-batch; the loss and token-weighted statistics."""
+        spec, device = self.spec, self.device
+        denominator, norm = _denominator(work, spec.aggregation), _norm(work, spec)
+        total, weighted, n_all = 0.0, {}, 0.0
+        for part in self._micro_batches(work):
+            new, mask, entropy = self._forward(work, part, grad=True)
+            width = mask.shape[1]
+            loss_mask = padded([work.masks[i] for i in part], width, dtype=torch.bool,
+                               device=device)
+            loss, stats = policy_loss(
+                new, padded([work.old[i] for i in part], width, device=device),
+                torch.tensor([work.adv[i] for i in part], dtype=torch.float32, device=device),
+                loss_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
+                aggregation=spec.aggregation, denominator=denominator, max_tokens=norm,
+                ratio_level=spec.ratio_level, is_weights=_rows(work.weights, part, width, device),
+                ref_logprobs=_rows(work.ref, part, width, device), kl_coef=spec.kl_coef,
+                entropy=entropy, entropy_coef=spec.entropy_coef)
+            loss.backward()
+            total += loss.item()
+            n = float(loss_mask.sum())
+            n_all += n
+            for key, value in stats.items():
+                weighted[key] = weighted.get(key, 0.0) + value * n
+        return total, {k: v / max(n_all, 1.0) for k, v in weighted.items()}
+
+    def _micro_batches(self, work: _Work, subset: list[int] | None = None) -> list[list[int]]:
+        idx = list(range(len(work.prompts))) if subset is None else subset
+        lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in idx]
+        runs = pack(lengths, max_rows=self.spec.micro_batch,
+                    max_tokens=self.spec.micro_batch_tokens)
+        return [[idx[j] for j in run] for run in runs]
+
+    def _forward(self, work: _Work, part: list[int], *, grad: bool,
+                 entropy: bool | None = None, model: Any = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logprobs, mask, entropy or None) of the rows ``part``."""
+        model = self.policy.model if model is None else model
+        want = self.spec.entropy_coef > 0 if entropy is None else entropy
+        args = (model, [work.prompts[i] for i in part], [work.completions[i] for i in part],
+                self.spec.temperature, self.policy.tokenizer.pad_token_id)
+        with torch.set_grad_enabled(grad), autocast(self.spec.precision, self.device):
+            if want:
+                return sequence_logprobs_entropy(*args, entropy=token_entropy)
+            return (*sequence_logprobs(*args), None)
+
+    def _no_grad_pass(self, prompts: list[list[int]], completions: list[list[int]],
+                      rows: list[int], entropy: bool
+                      ) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+        """Proximal logprobs (current weights, before the update) of ``rows`` and, when
+        ``entropy``, every row's token entropies."""
+        work = _Work(prompts=prompts, completions=completions)
+        prox: dict[int, np.ndarray] = {}
+        ent: list[np.ndarray] = [np.zeros(len(c)) for c in completions]
+        for part in self._micro_batches(work, rows) if rows else []:
+            lp, _, h = self._forward(work, part, grad=False, entropy=entropy)
+            for j, i in enumerate(part):
+                n = len(completions[i])
+                prox[i] = lp[j, :n].float().cpu().numpy()
+                if h is not None:
+                    ent[i] = h[j, :n].float().cpu().numpy()
+        return prox, ent
+
+    def _is_weights(self, work: _Work, behaviour: list[np.ndarray],
+                    off: np.ndarray) -> list[np.ndarray]:
+        """Truncated IS weights per row: min(pi_prox / pi_behav, cap) on off-policy rows,
+        exactly 1 on the others."""
+        out = [np.ones(len(m)) for m in work.masks]
+        picked = [i for i in range(len(off)) if off[i]]
+        if not picked:
+            return out
+        width = max(len(work.masks[i]) for i in picked)
+        weights, _ = truncated_is_weights(
+            padded([work.old[i] for i in picked], width),
+            padded([behaviour[i] for i in picked], width),
+            padded([work.masks[i] for i in picked], width, dtype=torch.bool),
+            float(self.spec.tis_cap))  # type: ignore[arg-type]
+        for j, i in enumerate(picked):
+            out[i] = weights[j, :len(work.masks[i])].double().numpy()
+        return out
+
+    def _reference_logprobs(self, work: _Work) -> list[np.ndarray]:
+        """Logprobs of every row under the frozen reference (made at the first update)."""
+        if self.reference is None:
+            self.reference = _frozen_copy(self.policy.model)
+        out: list[np.ndarray] = [np.zeros(0)] * len(work.prompts)
+        for part in self._micro_batches(work):
+            lp, _, _ = self._forward(work, part, grad=False, entropy=False,
+                                     model=self.reference)
+            for j, i in enumerate(part):
+                out[i] = lp[j, :len(work.completions[i])].float().cpu().numpy()
+        return out
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next update depends on: model weights, optimizer state, the
+        update count and the frozen reference (None until made). The learning rate is a
+        pure function of the step (:func:`stages.train.optim.lr_factor`), so there is no
+        scheduler state; the learner draws no random numbers."""
+        return {"model": self.policy.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "reference": None if self.reference is None else self.reference.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self.reference = None
+        if state.get("reference") is not None:
+            self.reference = _frozen_copy(self.policy.model)
+            self.reference.load_state_dict(state["reference"])
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _rewards(batch: pa.Table, label: str) -> np.ndarray:
+    column = batch.column(col.REWARD)
+    if column.null_count:
+        raise ValueError(f"{label}: {column.null_count} batch row(s) have a null "
+                         f"{col.REWARD!r}; a Filter must score every row the learner "
+                         "trains on")
+    return column.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def _active_rows(batch: pa.Table, adv: np.ndarray, label: str
+                 ) -> tuple[list[int], list[list[int]], list[list[int]], list[np.ndarray]]:
+    """(batch row, prompt ids, completion ids, behaviour logprobs) of rows with A != 0
+    and at least one completion token."""
+    out: tuple[list, list, list, list] = ([], [], [], [])
+    prompts = batch.column(col.PROMPT_IDS).to_pylist()
+    completions = batch.column(col.COMPLETION_IDS).to_pylist()
+    logprobs = batch.column(col.LOGPROBS).to_pylist()
+    for i in np.flatnonzero(adv != 0.0):
+        if len(logprobs[i]) != len(completions[i]):
+            raise ValueError(f"{label}: batch row {int(i)!r} has {len(completions[i])!r} "
+                             f"completion ids but {len(logprobs[i])!r} logprobs")
+        if completions[i]:
+            for seq, value in zip(out, (int(i), prompts[i], completions[i],
+                                        np.asarray(logprobs[i], np.float32))):
+                seq.append(value)
+    return out
+
+
+def _drop_empty(work: _Work) -> None:
+    """Remove rows left without a loss token (D³S may empty a row)."""
+    keep = [i for i, m in enumerate(work.masks) if m.any()]
+    if len(keep) == len(work.masks):
+        return
+    for name in ("prompts", "completions", "adv", "masks", "old", "weights"):
+        values = getattr(work, name)
+        if values is not None:
+            setattr(work, name, [values[i] for i in keep])
+
+
+def _denominator(work: _Work, aggregation: Aggregation) -> float:
+    """The whole batch's count: loss tokens (token_mean) or rows with a loss token."""
+    if aggregation == "token_mean":
+        return float(sum(int(m.sum()) for m in work.masks))
+    return float(sum(1 for m in work.masks if m.any()))
+
+
+def _norm(work: _Work, spec: GRPO) -> int | None:
+    """The seq_mean_token_sum_norm constant: ``norm_tokens`` or the longest completion."""
+    if spec.aggregation != "seq_mean_token_sum_norm":
+        return None
+    return spec.norm_tokens or max(len(c) for c in work.completions)
+
+
+def _rows(values: list[np.ndarray] | None, part: list[int], width: int,
+          device: torch.device) -> torch.Tensor | None:
+    return None if values is None else padded([values[i] for i in part], width, device=device)
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

@@ -1,0 +1,126 @@
+"""Loss masks in the learner: forced hint tokens (ADHint) and D³S's token share."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from stages.train.advantages import lookup_advantage
+from stages.train.batching import padded
+from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
+from stages.train.grpo import GRPO
+from stages.train.loss import policy_loss, token_entropy
+from stages.train.masks import d3s_masks
+from tests.stages.train.conftest import TINY, grads, rollouts
+
+REWARDS = [1.0, 0.0, 0.2, 0.7, 1.0, 0.0]
+GROUPS = ["a", "a", "b", "b", "c", "c"]
+LONG = ["123", "9", "12", "14", "77", "5"]  # + EOS: 4, 2, 3, 3, 3, 2 tokens
+HINTS = [2, 0, 1, 0, 3, 0]
+
+
+def _reference_gradient(policy, batch, loss_mask_of, aggregation="seq_mean"):
+    """The gradient of GRPO's loss written out by hand with ``loss_mask_of(mask)``."""
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    prompts = batch.column("prompt_ids").to_pylist()
+    completions = batch.column("completion_ids").to_pylist()
+    adv = lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS))
+    new, mask = sequence_logprobs(model, prompts, completions, 1.0,
+                                  policy.tokenizer.pad_token_id)
+    old = padded(batch.column("logprobs").to_pylist(), mask.shape[1])
+    loss, _ = policy_loss(new, old, torch.tensor(adv, dtype=torch.float32),
+                          loss_mask_of(mask.clone()), clip_low=0.2, clip_high=0.28,
+                          aggregation=aggregation)
+    loss.backward()
+    return loss.item(), grads(model)
+
+
+def _without_hints(mask):
+    for i, h in enumerate(HINTS):
+        mask[i, :h] = False
+    return mask
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean", "token_mean"])
+def test_hinted_tokens_give_the_gradient_of_the_loss_without_them(aggregation):
+    policy = TINY.build(seed=0)
+    batch = rollouts(policy, REWARDS, GROUPS, completions=LONG, hint_tokens=HINTS)
+    learner = GRPO(aggregation=aggregation).learner(policy, seed=0)
+    loss = learner.loss_and_gradients(None, batch)
+    got = grads(policy.model)
+    want_loss, want = _reference_gradient(policy, batch, _without_hints, aggregation)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8)
+    # and it is not the gradient with the hint tokens in the loss
+    _, unmasked = _reference_gradient(policy, batch, lambda m: m, aggregation)
+    assert any(not torch.allclose(a, b) for a, b in zip(got, unmasked))
+
+
+def test_hinted_tokens_logprobs_do_not_enter_the_ratio():
+    policy = TINY.build(seed=0)
+    shift = [[5.0] * h + [0.0] * 8 for h in HINTS]  # wildly off logprobs on forced tokens
+    plain = rollouts(policy, REWARDS, GROUPS, completions=LONG, hint_tokens=HINTS)
+    shifted = rollouts(policy, REWARDS, GROUPS, completions=LONG, hint_tokens=HINTS,
+                       shift=shift)
+    learner = GRPO().learner(policy, seed=0)
+    learner.loss_and_gradients(None, plain)
+    first = grads(policy.model)
+    learner.loss_and_gradients(None, shifted)
+    for a, b in zip(first, grads(policy.model)):
+        assert torch.equal(a, b)
+
+
+def test_a_fully_hinted_row_is_not_trained_and_too_many_hints_raise():
+    policy = TINY.build(seed=0)
+    learner = GRPO().learner(policy, seed=0)
+    result = learner.update(None, rollouts(policy, REWARDS[:4], GROUPS[:4], completions=LONG,
+                                           hint_tokens=[4, 0, 0, 0]))
+    assert result.metrics["n_seqs"] == 3
+    with pytest.raises(ValueError, match=r"grpo: batch row 0 has hint_tokens=5 but 4 "):
+        learner.update(None, rollouts(policy, REWARDS[:4], GROUPS[:4], completions=LONG,
+                                      hint_tokens=[5, 0, 0, 0]))
+
+
+def test_d3s_keeps_the_share_of_tokens_with_the_largest_advantage_times_entropy():
+    policy = TINY.build(seed=0)
+    batch = rollouts(policy, REWARDS, GROUPS, completions=LONG,
+                     token_keep_ratio=[0.5] * len(REWARDS))
+    learner = GRPO().learner(policy, seed=0)
+    adv = lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS))
+    work = learner.prepare(None, batch, adv)
+    total = sum(len(c) for c in batch.column("completion_ids").to_pylist())
+    kept = sum(int(m.sum()) for m in work.masks)
+    with torch.no_grad():
+        _, _, h = sequence_logprobs_entropy(
+            policy.model, batch.column("prompt_ids").to_pylist(),
+            batch.column("completion_ids").to_pylist(), entropy=token_entropy)
+    scores = [abs(a) * h[i, :len(m)].numpy() for i, (a, m) in enumerate(zip(adv, work.masks))]
+    flat = np.sort(np.concatenate(scores))[::-1]
+    threshold = flat[math.ceil(0.5 * total) - 1]
+    # rows 0 and 4 share a prompt and |A|: their first tokens tie, and ties are kept
+    assert kept == int((flat >= threshold - 1e-6).sum()) == math.ceil(0.5 * total) + 1
+    kept_scores = np.concatenate([s[m] for s, m in zip(scores, work.masks)])
+    dropped = np.concatenate([s[~m] for s, m in zip(scores, work.masks)])
+    assert kept_scores.min() >= dropped.max() - 1e-6
+    assert learner.update(None, batch).metrics["loss_token_share"] == pytest.approx(kept / total)
+
+
+def test_d3s_ranks_only_tokens_already_in_the_loss():
+    masks = [np.array([False, True, True]), np.array([True, True])]
+    entropies = [np.array([9.0, 1.0, 2.0]), np.array([3.0, 0.5])]
+    out = d3s_masks(masks, [1.0, 1.0], entropies, 0.5)  # 4 loss tokens -> keep 2
+    assert [m.tolist() for m in out] == [[False, False, True], [True, False]]
+    assert [m.tolist() for m in d3s_masks(masks, [1.0, 1.0], entropies, None)] == \
+        [m.tolist() for m in masks]
+
+
+def test_no_mask_columns_means_every_token_trains():
+    policy = TINY.build(seed=0)
+    batch = rollouts(policy, REWARDS, GROUPS, completions=LONG,
+                     token_keep_ratio=[None] * len(REWARDS))
+    work = GRPO().learner(policy, seed=0).prepare(
+        None, batch, lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS)))
+    assert all(m.all() for m in work.masks)
