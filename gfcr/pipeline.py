@@ -225,6 +225,7 @@ def check(p: Pipeline) -> list[str]:
     _check_names(stages, problems)
     _check_columns(stages, problems)
     _check_owners(stages, problems)
+    _check_stage_rules(stages, problems)
     return problems
 
 
@@ -284,6 +285,14 @@ def _check_columns(stages: list[StageSpec], problems: list[str]) -> None:
                                 "upstream stage writes")
             checked.add(id(s))
         available |= set(s.writes)
+
+
+def _check_stage_rules(stages: list[StageSpec], problems: list[str]) -> None:
+    """What each stage's optional ``check_pipeline(stages)`` reports about the others."""
+    for s in stages:
+        rule = getattr(s, "check_pipeline", None)
+        if callable(rule):
+            problems.extend(rule(tuple(stages)))
 
 
 DECISIONS = {

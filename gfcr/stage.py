@@ -51,7 +51,13 @@ class Spec(BaseModel):
 
 
 class StageSpec(Spec):
-    """Fields every stage has. ``name`` defaults to the stage's ``type``."""
+    """Fields every stage has. ``name`` defaults to the stage's ``type``.
+
+    A stage may also define ``check_pipeline(stages) -> list[str]``: rules it states about
+    the other stages of its pipeline (e.g. a train stage's temperature must be the
+    generate stage's), checked when the pipeline is built; each problem names the stage,
+    field and value.
+    """
 
     name: str | None = None
     kind: ClassVar[StageKind]

@@ -52,10 +52,8 @@ class GRPO(StageSpec):
     """Group-relative policy optimisation (Shao et al. 2024) with PPO clipping.
 
     ``temperature`` must equal the sampling temperature: the new logprobs are
-    ``log_softmax(logits / T)``, the engine's convention for the behaviour logprobs. This
-    is not checked when the pipeline is built (a stage's validators see only the stage,
-    and ``gfcr.pipeline.check`` has no cross-stage hook yet); a mismatch shows as an
-    ``approx_kl`` and ``clip_frac`` well above 0 on the first epoch of on-policy batches.
+    ``log_softmax(logits / T)``, the engine's convention for the behaviour logprobs. The
+    pipeline checks this when it is built (:meth:`check_pipeline`).
     ``epochs`` optimizer steps per update over the whole batch, each accumulated over
     micro-batches; AdamW with betas (0.9, 0.999), no weight decay.
     """
@@ -128,6 +126,34 @@ class GRPO(StageSpec):
                              f"be below total_steps={self.total_steps!r}")
         return self
 
+    def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]:
+        """The generate stage's sampling temperature must be ``temperature`` (greedy
+        sampling records logprobs at temperature 1), or the ratio would compare logprobs
+        at two temperatures. Reads ``temperature`` or ``sample.temperature`` of the
+        generate stage (the shipped ones); a stage with neither is not checked."""
+        problems = []
+        for s in stages:
+            sampled = _sampling_temperature(s) if s.kind == "generate" else None
+            if sampled is None:
+                continue
+            behaviour = sampled if sampled > 0 else 1.0
+            if behaviour != self.temperature:
+                problems.append(
+                    f"stage {self.label!r}: field 'temperature' is {self.temperature!r} but "
+                    f"generate stage {s.label!r} samples at temperature {sampled!r}, so its "
+                    f"logprobs are at temperature {behaviour!r}; set "
+                    f"{self.label}.temperature={behaviour!r}")
+        return problems
+
     def learner(self, policy: Policy, *, seed: int) -> GRPOLearner:
         """A learner with AdamW over ``policy.model`` (updated in place)."""
         return GRPOLearner(self, policy, seed=seed)
+
+
+def _sampling_temperature(stage: StageSpec) -> float | None:
+    """``temperature`` of a generate stage or of its ``sample`` settings, or None."""
+    for owner in (stage, getattr(stage, "sample", None)):
+        value = getattr(owner, "temperature", None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None

@@ -139,3 +139,23 @@ def test_config_is_strict():
     assert GRPO.reads == {"reward", "group_id", "prompt_ids", "completion_ids", "logprobs"}
     assert GRPO.writes == {"advantage"}
     assert np.isfinite(GRPO().lr)
+
+
+def test_pipeline_refuses_a_train_temperature_other_than_the_sampling_one():
+    from gfcr.pipeline import PipelineError
+    from stages import ConditionedSample, GroupSample, UniformSampler, Verify
+    from tests.conftest import tiny_pipeline
+
+    with pytest.raises(PipelineError, match=r"stage 'grpo': field 'temperature' is 1.0 but "
+                                            r"generate stage 'group' samples at temperature 0.7"):
+        tiny_pipeline(stages=[UniformSampler(batch=2), GroupSample(n=2, temperature=0.7),
+                              Verify(), GRPO()])
+    with pytest.raises(PipelineError, match=r"set grpo.temperature=0.5"):
+        tiny_pipeline(stages=[UniformSampler(batch=2),
+                              ConditionedSample(sample=GroupSample(n=2, temperature=0.5)),
+                              Verify(), GRPO(temperature=0.7)])
+    tiny_pipeline(stages=[UniformSampler(batch=2),
+                          ConditionedSample(sample=GroupSample(n=2, temperature=0.5)),
+                          Verify(), GRPO(temperature=0.5)])
+    tiny_pipeline(stages=[UniformSampler(batch=2), GroupSample(n=2, temperature=0.0),
+                          Verify(), GRPO()])  # greedy logprobs are at temperature 1
