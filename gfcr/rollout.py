@@ -77,6 +77,15 @@ ROLLOUT_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c 
 col = SimpleNamespace(**{c.name.upper(): c.name for c in COLUMNS})
 """Column names as attributes: ``col.PROMPT_ID == "prompt_id"``."""
 
+NEW_TOKENS = "new_tokens"
+"""Optional extra column (int32) that generate stages write: the completion tokens the
+policy generated for the row in the step that made it — ``n_tokens`` minus a prefix it
+did not generate then (a continued partial's stored tokens, a tree branch's shared
+prefix, a forced hint), 0 for a finished sample carried over unchanged. The loop's
+``tokens`` metric sums it over the step's rows that are not replayed; a row without it
+(a generate stage that does not write it, a row stored before it existed) counts
+``n_tokens``."""
+
 PROMPT_COLUMNS = frozenset({col.PROMPT_ID, col.TASK, col.PROMPT, col.ANSWER, col.META})
 """Columns a prompt table (what Replay.select returns) carries."""
 

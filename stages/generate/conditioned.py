@@ -23,6 +23,13 @@ trainer computes correct ratios. ``exemplars`` (int32) counts the exemplars prep
 the row's ``prompt``/``prompt_ids`` are the seeded text, its ``prompt_id`` the original's,
 so the prompt's history stays one series.
 
+Recycled groups (APRIL's partial rollouts, ``stages.replay.recycle``): a plan row with a
+``recycle`` column is continued as :class:`GroupSample` continues it — its stored prompt
+text (already seeded) and each sample's stored tokens, hint included, with the stored
+``hint_tokens`` and ``exemplars`` — and is neither seeded nor hinted again. A sample
+restarted past the staleness bound starts without a hint. Groups are declared to
+in-flight hooks and held whole when a sample is stopped, as with ``GroupSample``.
+
 Departures: ADHint's gradient modulation and posterior-based advantages are trainer
 matters and not done here; XRPO's exemplars are the model's own verified solutions,
 these are the reference answers of prompts the policy has solved (the same text on
@@ -40,12 +47,12 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Engine, GenRequest, SegmentHook
+from gfcr.engine import Engine, SegmentHook
 from gfcr.rollout import col
 from gfcr.stage import Spec, StageSpec, StepContext, register
 from stages.generate._policy import forced_logprobs
-from stages.generate.group import GENERATED, GroupSample
-from stages.generate.rows import rollout_row, stable_id, to_table
+from stages.generate.group import GENERATED, GroupSample, generate_groups
+from stages.generate.rows import RECYCLE, plan_samples, to_table
 
 HINT_TOKENS = "hint_tokens"
 """Extra column: leading completion tokens forced from the reference answer (mask them)."""
@@ -83,37 +90,41 @@ class ConditionedSample(StageSpec):
     exemplars: Exemplars | None = Exemplars()
 
     writes: ClassVar[frozenset[str]] = GENERATED | {HINT_TOKENS, EXEMPLARS}
+    continues_partials: ClassVar[bool] = True
+    """Honours the plan's ``recycle`` column (see the module note on recycled groups)."""
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
         prompts = plan.to_pylist()
-        stats = prompt_stats(ctx, [p[col.PROMPT_ID] for p in prompts])
-        seeds = self._seeds(ctx, prompts, stats)
-        requests, owners = [], []
-        for p_idx, prompt in enumerate(prompts):
-            text = seeds.get(p_idx, ("", 0))[0] + prompt[col.PROMPT]
-            ids = engine.encode(text)
-            n = self.sample.n if prompt.get("n") is None else int(prompt["n"])
-            hint, hint_lp = self._hint(engine, prompt, ids, stats.get(prompt[col.PROMPT_ID]))
-            hinted = round(self.hints.share * n) if hint and self.hints else 0
-            for i in range(n):
-                forced = i >= n - hinted
-                requests.append(GenRequest(
-                    key=len(requests), prompt_ids=ids, max_tokens=prompt.get("max_tokens"),
-                    prefix_ids=hint if forced else [], prefix_logprobs=hint_lp if forced else []))
-                owners.append((p_idx, i, text, len(hint) if forced else 0))
-        outputs = engine.generate(requests, self.sample.params(ctx), on_segment)
-        rows, hint_tokens, exemplars = [], [], []
-        for req, out, (p_idx, i, text, h) in zip(requests, outputs, owners):
-            group_id = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
-            prompt = dict(prompts[p_idx], **{col.PROMPT: text})
-            rows.append(rollout_row(ctx, prompt, group_id, i, req.prompt_ids, out, engine))
-            hint_tokens.append(h)
-            exemplars.append(seeds.get(p_idx, ("", 0))[1])
+        fresh = [i for i, p in enumerate(prompts) if p.get(RECYCLE) is None]
+        stats = prompt_stats(ctx, [prompts[i][col.PROMPT_ID] for i in fresh])
+        seeds = self._seeds(ctx, [prompts[i] for i in fresh], stats)
+        samples = [plan_samples(prompt, self.sample.n) for prompt in prompts]
+        for at, i in enumerate(fresh):
+            text, count = seeds.get(at, ("", 0))
+            prompts[i] = dict(prompts[i], **{col.PROMPT: text + prompts[i][col.PROMPT]})
+            self._condition(engine, prompts[i], samples[i], stats, count)
+        rows = generate_groups(ctx, prompts, samples, engine, self.sample.params(ctx),
+                               on_segment)
+        marks = [s for group in samples for s in group]  # the rows' order
         table = to_table(rows)
-        for name, values in ((HINT_TOKENS, hint_tokens), (EXEMPLARS, exemplars)):
+        for name in (HINT_TOKENS, EXEMPLARS):
+            values = [m.get(name) or 0 for m in marks]
             table = table.append_column(pa.field(name, pa.int32()), pa.array(values, pa.int32()))
         return table
+
+    def _condition(self, engine: Engine, prompt: dict[str, Any], group: list[dict[str, Any]],
+                   stats: dict[str, dict[str, float]], exemplars: int) -> None:
+        """Mark a fresh group's samples with its exemplar count and give the last
+        ``share`` of them the prompt's hint as a forced prefix (in place)."""
+        ids = engine.encode(prompt[col.PROMPT])
+        hint, hint_lp = self._hint(engine, prompt, ids, stats.get(prompt[col.PROMPT_ID]))
+        hinted = round(self.hints.share * len(group)) if hint and self.hints else 0
+        for i, sample in enumerate(group):
+            sample.update(exemplars=exemplars, hint_tokens=0)
+            if i >= len(group) - hinted:
+                sample.update(prefix_ids=list(hint), prefix_logprobs=list(hint_lp),
+                              hint_tokens=len(hint))
 
     def _hint(self, engine: Engine, prompt: dict[str, Any], prompt_ids: list[int],
               stats: dict[str, float] | None) -> tuple[list[int], list[float]]:

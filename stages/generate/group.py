@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import Field
 
 from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook
-from gfcr.rollout import ROLLOUT_SCHEMA, col
+from gfcr.rollout import NEW_TOKENS, ROLLOUT_SCHEMA, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
                                   plan_samples, rollout_row, stable_id, to_table)
 
 GENERATED = frozenset(ROLLOUT_SCHEMA.names) - {
-    col.REWARD, col.REWARDS, col.SCORE_ERROR, col.ADVANTAGE, col.CONSUMED_AT_STEP}
-"""Columns a generate stage fills; scores and advantages come later."""
+    col.REWARD, col.REWARDS, col.SCORE_ERROR, col.ADVANTAGE, col.CONSUMED_AT_STEP} | {NEW_TOKENS}
+"""Columns a generate stage fills (with ``new_tokens``); scores and advantages come later."""
 
 
 @register("generate")
@@ -45,6 +45,8 @@ class GroupSample(StageSpec):
     segment_tokens: int = Field(16, ge=1)
 
     writes: ClassVar[frozenset[str]] = GENERATED
+    continues_partials: ClassVar[bool] = True
+    """Honours the plan's ``recycle`` column (see :mod:`stages.generate.rows`)."""
 
     def params(self, ctx: StepContext) -> SamplingParams:
         seed = int(ctx.rng(self.label).integers(2**31 - 1))
@@ -55,27 +57,46 @@ class GroupSample(StageSpec):
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
         prompts = plan.to_pylist()
-        requests, slots = [], []
-        for p_idx, prompt in enumerate(prompts):
-            ids = engine.encode(prompt[col.PROMPT])
-            group_id = (prompt.get(col.GROUP_ID)
-                        or stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx))
-            for sample in plan_samples(prompt, self.n):
-                key = None
-                if sample["finish_reason"] is None:  # carried-over samples are not generated
-                    key = len(requests)
-                    requests.append(GenRequest(
-                        key=key, prompt_ids=ids, prefix_ids=list(sample["prefix_ids"]),
-                        prefix_logprobs=list(sample["prefix_logprobs"]),
-                        max_tokens=prompt.get("max_tokens")))
-                slots.append((p_idx, group_id, ids, sample, key))
-        if hasattr(on_segment, "expect"):  # hooks that count groups see the layout
-            on_segment.expect({k: g for _, g, _, _, k in slots if k is not None})
-        outputs = engine.generate(requests, self.params(ctx), on_segment)
-        rows = []
-        for p_idx, group_id, ids, sample, key in slots:
-            out = (carried_output(sample) if key is None
-                   else continued_output(outputs[key], sample))
-            rows.append(rollout_row(ctx, prompts[p_idx], group_id, sample["sample_idx"], ids,
-                                    out, engine, parent_id=sample["parent_id"]))
-        return to_table(hold_unfinished_groups(rows))
+        samples = [plan_samples(prompt, self.n) for prompt in prompts]
+        return to_table(generate_groups(ctx, prompts, samples, engine, self.params(ctx),
+                                        on_segment))
+
+
+def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
+                    samples: list[list[dict[str, Any]]], engine: Engine,
+                    params: SamplingParams, on_segment: SegmentHook | None
+                    ) -> list[dict[str, Any]]:
+    """Rollout rows of a step's groups, in prompt then sample order.
+
+    ``prompts[i]`` is a plan row (its ``prompt`` is the text the policy sees) and
+    ``samples[i]`` its samples as :func:`~stages.generate.rows.plan_samples` gives them: a
+    sample with a ``finish_reason`` is carried over unchanged, any other one is generated
+    from its ``prefix_ids`` (empty: from scratch). Hooks that count groups (APRIL, ARRoL)
+    are told each request's group first (``expect``), and a group with a stopped sample is
+    held whole (:func:`~stages.generate.rows.hold_unfinished_groups`).
+    """
+    requests, slots = [], []
+    for p_idx, (prompt, group) in enumerate(zip(prompts, samples)):
+        ids = engine.encode(prompt[col.PROMPT])
+        group_id = (prompt.get(col.GROUP_ID)
+                    or stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx))
+        for sample in group:
+            key = None
+            if sample["finish_reason"] is None:  # carried-over samples are not generated
+                key = len(requests)
+                requests.append(GenRequest(
+                    key=key, prompt_ids=ids, prefix_ids=list(sample["prefix_ids"]),
+                    prefix_logprobs=list(sample["prefix_logprobs"]),
+                    max_tokens=prompt.get("max_tokens")))
+            slots.append((p_idx, group_id, ids, sample, key))
+    if hasattr(on_segment, "expect"):  # hooks that count groups see the layout
+        on_segment.expect({k: g for _, g, _, _, k in slots if k is not None})
+    outputs = engine.generate(requests, params, on_segment)
+    rows = []
+    for p_idx, group_id, ids, sample, key in slots:
+        out = (carried_output(sample) if key is None
+               else continued_output(outputs[key], sample))
+        rows.append(rollout_row(ctx, prompts[p_idx], group_id, sample["sample_idx"], ids,
+                                out, engine, parent_id=sample["parent_id"],
+                                prefix_tokens=len(sample["prefix_ids"])))
+    return hold_unfinished_groups(rows)

@@ -3,6 +3,9 @@
 Also the plan's ``recycle`` column, the contract between a Replay stage that brings back
 unfinished groups (``stages.replay.recycle.RecyclePartials``) and a Generate stage that
 continues them, and the rule that a group is trained whole (:func:`hold_unfinished_groups`).
+A generate stage that honours the column declares ``continues_partials = True``
+(:data:`CONTINUES_PARTIALS`); the pipeline refuses a recycling stage beside one that
+does not, since its pending partials would be picked again every step, never continued.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from gfcr.engine import Engine, GenOutput
-from gfcr.rollout import ROLLOUT_SCHEMA, col
+from gfcr.rollout import NEW_TOKENS, ROLLOUT_SCHEMA, col
 from gfcr.stage import StepContext
 
 RECYCLE = "recycle"
@@ -26,11 +29,19 @@ RECYCLE_TYPE = pa.list_(pa.struct([
     ("sample_idx", pa.int32()), ("parent_id", pa.string()),
     ("prefix_ids", pa.list_(pa.int32())), ("prefix_logprobs", pa.list_(pa.float32())),
     ("policy_version_start", pa.int64()), ("policy_version_end", pa.int64()),
-    ("finish_reason", pa.string())]))
+    ("finish_reason", pa.string()), ("hint_tokens", pa.int32()), ("exemplars", pa.int32())]))
 """Per sample of a recycled group, what to do with the stored row ``parent_id``:
 continue it from ``prefix_ids``/``prefix_logprobs`` (``finish_reason`` null), carry it
 over unchanged (a finished sibling: ``finish_reason`` set), or restart it from scratch
-(empty prefix, ``policy_version_start`` null)."""
+(empty prefix, ``policy_version_start`` null). ``hint_tokens`` and ``exemplars`` are the
+stored row's marks of conditioned generation (``stages.generate.conditioned``; null when
+it has none): a continuation keeps them, since its prefix and prompt are the stored ones."""
+
+CONTINUES_PARTIALS = "continues_partials"
+"""Name of the ClassVar (bool) by which a generate stage says it honours ``recycle``."""
+
+GENERATED_SCHEMA = pa.schema(list(ROLLOUT_SCHEMA) + [pa.field(NEW_TOKENS, pa.int32())])
+"""What :func:`to_table` returns: the rollout schema and :data:`gfcr.rollout.NEW_TOKENS`."""
 
 STATUS_OF = {"stop": "complete", "length": "complete", "aborted": "partial",
              "pruned": "pruned"}
@@ -43,8 +54,10 @@ def stable_id(*parts: Any) -> str:
 
 def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_idx: int,
                 prompt_ids: list[int], out: GenOutput, engine: Engine,
-                parent_id: str | None = None) -> dict[str, Any]:
-    """One rollout row in ROLLOUT_SCHEMA from a prompt row and an engine output."""
+                parent_id: str | None = None, prefix_tokens: int = 0) -> dict[str, Any]:
+    """One rollout row in ROLLOUT_SCHEMA from a prompt row and an engine output, with
+    ``new_tokens``: the completion minus its first ``prefix_tokens``, which were not
+    generated in this step (a continued or carried prefix, a shared branch, a hint)."""
     return {
         col.RUN_ID: ctx.run_id, col.STEP: ctx.step,
         col.ROLLOUT_ID: stable_id(ctx.run_id, ctx.step, group_id, sample_idx),
@@ -62,11 +75,13 @@ def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_
         col.CONSUMED_AT_STEP: None, col.REPLAY_COUNT: 0,
         col.N_TOKENS: len(out.completion_ids), col.GEN_SECONDS: out.seconds,
         col.CREATED_AT: datetime.now(timezone.utc),
+        NEW_TOKENS: len(out.completion_ids) - prefix_tokens,
     }
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+    """Rows of :func:`rollout_row` as a table in :data:`GENERATED_SCHEMA`."""
+    return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA)
 
 
 def plan_samples(prompt: dict[str, Any], default_n: int) -> list[dict[str, Any]]:
@@ -76,8 +91,8 @@ def plan_samples(prompt: dict[str, Any], default_n: int) -> list[dict[str, Any]]
         return sorted(recycled, key=lambda s: s["sample_idx"])
     n = default_n if prompt.get("n") is None else int(prompt["n"])
     return [{"sample_idx": i, "parent_id": None, "prefix_ids": [], "prefix_logprobs": [],
-             "policy_version_start": None, "policy_version_end": None, "finish_reason": None}
-            for i in range(n)]
+             "policy_version_start": None, "policy_version_end": None, "finish_reason": None,
+             "hint_tokens": None, "exemplars": None} for i in range(n)]
 
 
 def carried_output(sample: dict[str, Any]) -> GenOutput:

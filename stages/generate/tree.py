@@ -22,8 +22,12 @@ with independent samples (new roots), as LATR mixes in stochastic samples.
 Lineage: ``parent_id`` is the rollout a branch left, and the extra column ``branch_pos``
 (int32, null for a root) the index in ``completion_ids`` of the branch's first own token;
 ``completion_ids[:branch_pos]`` is shared with the parent, so ``n_tokens - branch_pos``
-tokens were generated for it. The shared prefix is generated once, and its behaviour
-logprobs are the parent's (same policy, same step).
+tokens were generated for it (its ``new_tokens``). The shared prefix is generated once,
+and its behaviour logprobs are the parent's (same policy, same step).
+
+Partial rollouts are not continued: the pipeline refuses ``RecyclePartials`` beside this
+stage (see ``continues_partials``), since a tree cannot be regrown around a path stopped
+in an earlier step.
 
 Departures: LATR branches synchronously while decoding; here a path is decoded to its
 end first and its branch points are found afterwards by one teacher-forced pass (the
@@ -73,6 +77,10 @@ class TreeRollout(StageSpec):
     stop: tuple[str, ...] = ()
 
     writes: ClassVar[frozenset[str]] = GENERATED | {BRANCH_POS}
+    continues_partials: ClassVar[bool] = False
+    """A tree is grown, branched and pruned within one step, from paths decoded to their
+    end; a stopped path cannot be brought back into its tree in a later step, so the
+    pipeline refuses ``RecyclePartials`` (and so APRIL or a stopping token budget) with it."""
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
@@ -215,9 +223,11 @@ class _Forest:
                 parent = None if node.parent is None else \
                     stable_id(self.ctx.run_id, self.ctx.step, group, node.parent)
                 out: Any = node.out
+                pos = None if node.point is None else node.point.pos
                 rows.append(rollout_row(self.ctx, self.prompts[p], group, node.idx, self.ids[p],
-                                        out, self.engine, parent_id=parent))
-                branch.append(None if node.point is None else node.point.pos)
+                                        out, self.engine, parent_id=parent,
+                                        prefix_tokens=pos or 0))
+                branch.append(pos)
         table = to_table(rows)
         return table.append_column(pa.field(BRANCH_POS, pa.int32()), pa.array(branch, pa.int32()))
 

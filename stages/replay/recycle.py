@@ -27,7 +27,8 @@ from pydantic import Field
 
 from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
 from gfcr.stage import StageSpec, StepContext, register
-from stages.generate.rows import RECYCLE, RECYCLE_TYPE
+from stages.generate.conditioned import EXEMPLARS, HINT_TOKENS
+from stages.generate.rows import CONTINUES_PARTIALS, RECYCLE, RECYCLE_TYPE
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
     pa.field(col.GROUP_ID, pa.string()), pa.field("n", pa.int64()),
@@ -44,9 +45,10 @@ class RecyclePartials(StageSpec):
     a group is recycled whole (finished samples are carried over, not regenerated) and a
     group staler than ``max_staleness`` policy versions is restarted rather than trained
     off-policy. Refill rounds of a step recycle nothing (the step's partials were taken in
-    round 0). The generate stage must understand the ``recycle`` plan column
-    (``GroupSample`` does). Put it before the fresh-prompt sampler, whose batch it fills
-    first.
+    round 0). The generate stage must continue what the ``recycle`` plan column holds
+    (``GroupSample`` and ``ConditionedSample`` do; the pipeline refuses one that does not
+    declare ``continues_partials``, e.g. ``TreeRollout``). Put it before the fresh-prompt
+    sampler, whose batch it fills first.
 
     >>> RecyclePartials(max_staleness=2)
     RecyclePartials(name=None, type='recycle_partials', max_staleness=2)
@@ -58,6 +60,18 @@ class RecyclePartials(StageSpec):
     continued; older groups are restarted from scratch."""
 
     writes: ClassVar[frozenset[str]] = PROMPT_COLUMNS | {col.GROUP_ID, "n", RECYCLE}
+
+    def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]:
+        """The generate stage must continue the groups this stage brings back."""
+        gens = [s for s in stages
+                if s.kind == "generate" and not getattr(s, CONTINUES_PARTIALS, False)]
+        return [f"stages {self.label!r} and {s.label!r}: {self.label!r} puts pending partial "
+                f"rollouts in the plan's {RECYCLE!r} column to be continued, but generate "
+                f"stage {s.label!r} ({type(s).__name__}) does not continue partial rollouts "
+                f"({CONTINUES_PARTIALS} is not set), so they would be picked again every step "
+                "and never finished; use a generate stage that continues them (GroupSample, "
+                f"ConditionedSample), or remove {self.label!r} and the stage that stops rollouts"
+                for s in gens]
 
     def select(self, ctx: StepContext, chosen: pa.Table) -> pa.Table:
         chosen = with_plan_columns(chosen)
@@ -85,13 +99,12 @@ def with_plan_columns(table: pa.Table) -> pa.Table:
 
 def pending_partials(history: Any, run_id: str) -> pa.Table:
     """Partial rows of ``run_id`` that no row continues yet, as of the history's snapshot,
-    oldest step first (read through the store's public ``sql``)."""
+    oldest step first (read through the store's public ``sql``), with every column the
+    store has: extra ones (``hint_tokens``, ...) exist only where a stage wrote them."""
     at = "" if history.snapshot is None else f" AT (VERSION => {int(history.snapshot)})"
     source = f"(SELECT * FROM lake.rollouts{at} WHERE run_id = $run)"
     query = f"""
-        SELECT p.step, p.rollout_id, p.group_id, p.sample_idx, p.prompt_id, p.task, p.prompt,
-               p.answer, p.meta, p.completion_ids, p.logprobs, p.policy_version_start,
-               p.policy_version_end, p.finish_reason
+        SELECT p.*
         FROM {source} AS p
         WHERE p.status = 'partial'
           AND NOT EXISTS (SELECT 1 FROM {source} AS c WHERE c.parent_id = p.rollout_id)
@@ -121,12 +134,14 @@ def _sample(row: dict[str, Any], restart: bool) -> dict[str, Any]:
     if restart:
         return {"sample_idx": row[col.SAMPLE_IDX], "parent_id": row[col.ROLLOUT_ID],
                 "prefix_ids": [], "prefix_logprobs": [], "policy_version_start": None,
-                "policy_version_end": None, "finish_reason": None}
+                "policy_version_end": None, "finish_reason": None,
+                "hint_tokens": None, "exemplars": row.get(EXEMPLARS)}
     return {"sample_idx": row[col.SAMPLE_IDX], "parent_id": row[col.ROLLOUT_ID],
             "prefix_ids": row[col.COMPLETION_IDS], "prefix_logprobs": row[col.LOGPROBS],
             "policy_version_start": row[col.POLICY_VERSION_START],
             "policy_version_end": row[col.POLICY_VERSION_END],
-            "finish_reason": row[col.FINISH_REASON] if finished else None}
+            "finish_reason": row[col.FINISH_REASON] if finished else None,
+            "hint_tokens": row.get(HINT_TOKENS), "exemplars": row.get(EXEMPLARS)}
 
 
 def recycle_counts(store: Any, run_id: str) -> dict[str, int]:
