@@ -20,9 +20,11 @@ Figures:
 - ``discarded``: rollouts generated and then neither completed nor stored as partial and
   continued later (pruned rows, and partials before the last step that no row
   continues). Must be 0.
-- ``prune_token_saving`` / ``budget_token_saving``: 1 - generated tokens of a short GRPO
-  run with ``OnlinePrune`` / ``TokenBudget`` (half the baseline's tokens per step) over
-  the same run without, same seeds and steps, with the held-out greedy accuracy of each
+- ``prune_token_saving`` / ``budget_token_saving``: 1 - generated tokens (the loop's
+  ``tokens`` metric: tokens generated in each step, pruned ones included, no prefix
+  counted twice) of a short GRPO run with ``OnlinePrune`` / ``TokenBudget`` (half the
+  baseline's tokens per step) over the same run without, same seeds and steps, with the
+  held-out greedy accuracy of each
   after the run. "Equal" accuracy: the two accuracies differ by less than two standard
   errors of a difference of proportions on the held-out set, i.e. this benchmark cannot
   tell them apart; ``*_equal_accuracy`` says whether that held.

@@ -11,7 +11,7 @@ keeps its own stages and GRPO settings (they all use the default's learning rate
 Shrunk so the whole script fits in about 30 minutes on 2 idle CPU cores: ``--steps``
 (30 instead of the pipelines' 60), held-out evaluation every ``--every`` (5) steps on the
 task's 256 held-out prompts. A generated token is one the engine produced in that run:
-replayed rows count nothing (``tokens - replay/tokens`` of each step). Wall time is the
+replayed rows count nothing (the loop's ``tokens`` metric of each step). Wall time is the
 sum of step times up to the crossing (evaluations excluded). A seed that never reaches
 the threshold is censored; a configuration's figure is the median over its seeds, so it
 is reported only when at least two of three seeds reached the threshold.
@@ -82,7 +82,7 @@ def one_run(name: str, seed: int, args: argparse.Namespace, root: Path) -> dict[
     """Run one configuration and seed; its accuracy curve and cost to the threshold."""
     started = time.perf_counter()
     summary = execute(configured(name, seed, args), root=root / f"{name}-{seed}", executor="local")
-    generated = [m["tokens"] - m.get("replay/tokens", 0.0) for m in summary.history]
+    generated = [m["tokens"] for m in summary.history]
     seconds = [m["step_seconds"] for m in summary.history]
     warm = getattr(summary, "accuracy_warmstart", None)  # after the warm start, at step 0
     curve = [(0, summary.accuracy_before if warm is None else warm)]

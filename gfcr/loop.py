@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from gfcr.engine import Decision, Engine, Flight, GenRequest, Inflight, SamplingParams
 from gfcr.pipeline import Pipeline
-from gfcr.rollout import PROMPT_SCHEMA, col, conform
+from gfcr.rollout import NEW_TOKENS, PROMPT_SCHEMA, col, conform
 from gfcr.stage import FilterResult, Learner, StageSpec, StepContext, implements
 
 
@@ -322,7 +322,12 @@ def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float]) -
 
 
 def rollout_metrics(table: pa.Table) -> dict[str, float]:
-    """Per-step counts and rates: what was generated, kept, dropped and why."""
+    """Per-step counts and rates: what was generated, kept, dropped and why.
+
+    ``tokens`` counts the completion tokens generated in this step (:func:`generated_tokens`),
+    the cost a throughput or token-saving figure wants; ``row_tokens`` sums ``n_tokens``
+    over the step's rows, which under APRIL also holds continued prefixes and carried-over
+    samples generated in earlier steps, and replayed rows."""
     kept = table.column(col.KEPT).to_numpy(zero_copy_only=False)
     reward = table.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float)
     n_tokens = table.column(col.N_TOKENS).to_numpy(zero_copy_only=False)
@@ -332,7 +337,8 @@ def rollout_metrics(table: pa.Table) -> dict[str, float]:
         "kept": float(kept.sum()),
         "kept_groups": float(len(set(table.filter(table.column(col.KEPT))
                                      .column(col.GROUP_ID).to_pylist()))),
-        "tokens": float(n_tokens.sum()),
+        "tokens": float(generated_tokens(table).sum()),
+        "row_tokens": float(n_tokens.sum()),
         "gen_seconds": float(np.max(table.column(col.GEN_SECONDS).to_numpy(), initial=0.0)),
         "reward_mean": float(reward[scored].mean()) if scored.any() else float("nan"),
         "pass_rate": float((reward[scored] >= 1.0).mean()) if scored.any() else float("nan"),
@@ -342,6 +348,20 @@ def rollout_metrics(table: pa.Table) -> dict[str, float]:
         out[f"dropped/{stage}"] = float(count)
     out.update(_control_metrics(table, n_tokens))
     out.update(_replay_metrics(table, n_tokens, kept))
+    return out
+
+
+def generated_tokens(table: pa.Table) -> np.ndarray:
+    """Per row, the completion tokens generated in this step: the generate stage's
+    ``new_tokens`` (:data:`gfcr.rollout.NEW_TOKENS`; ``n_tokens`` where it wrote none),
+    and 0 for a replayed row (``replay_count > 0``), which was generated in an earlier
+    step. So a continued partial counts only its new tokens, a carried sample none."""
+    n_tokens = table.column(col.N_TOKENS).cast(pa.int64())
+    new = n_tokens
+    if NEW_TOKENS in table.column_names:
+        new = pc.coalesce(table.column(NEW_TOKENS).cast(pa.int64()), n_tokens)
+    out = new.to_numpy(zero_copy_only=False).astype(np.int64)
+    out[table.column(col.REPLAY_COUNT).to_numpy(zero_copy_only=False) > 0] = 0
     return out
 
 
