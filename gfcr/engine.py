@@ -90,7 +90,10 @@ Decision = Literal["continue", "stop", "prune"]
 
 SegmentHook = Callable[[list[Inflight]], dict[int, Decision]]
 """Called after each segment with the unfinished sequences; returns decisions by key.
-Keys not in the result continue. An engine that decodes in waves calls it per wave."""
+Keys not in the result continue. An engine that decodes in waves calls it per wave, and
+before decoding each wave calls the hook's ``wave(keys)`` when it has one (duck-typed),
+with the keys of the requests it starts then (and, with the first, of those that end
+without decoding), so the hook can tell a finished request from one not yet started."""
 
 
 @dataclass
@@ -102,11 +105,15 @@ class Flight:
     stop once N groups are complete) or tokens (DUET: stop once the budget is spent) also
     need the rest: the group of every request (declared by the generate stage), which
     requests have ended and how, and the tokens each has generated in this call. A request
-    no longer in flight that no hook stopped or pruned is taken as ``"finished"``; that is
-    exact when the engine decodes the call in one wave (HF: requests <= ``max_batch``).
+    no longer in flight that no hook stopped or pruned is taken as ``"finished"`` once it
+    has started. An engine that announces its waves (``SegmentHook``; the HF engine does)
+    says which requests have started (``started``), so this is exact over any number of
+    waves: a request of a later wave is pending, not finished. Without announcements every
+    request counts as started, which is exact only for a call decoded in one wave;
     ``split`` turns True when a request taken as finished shows up in flight later (a
-    later wave): counting hooks must refuse to decide then. Token counts of requests that
-    finished between two segments are those of their last view (at most one segment low).
+    later wave), and counting hooks must refuse to decide then. Token counts of requests
+    that finished between two segments are those of their last view (at most one segment
+    low).
     """
 
     groups: dict[int, str] = field(default_factory=dict)
@@ -115,7 +122,13 @@ class Flight:
     """Request key -> "finished" | "stop" | "prune", for requests no longer in flight."""
     tokens: dict[int, int] = field(default_factory=dict)
     """Request key -> tokens generated in this call, as of its latest view."""
+    started: set[int] | None = None
+    """Requests the engine announced as started (:meth:`start`); None: it announces none."""
     split: bool = False
+
+    def start(self, keys: list[int]) -> None:
+        """The engine starts decoding (or ends at once) the requests ``keys``."""
+        self.started = (self.started or set()) | set(keys)
 
     def observe(self, inflight: list[Inflight]) -> None:
         """Update the picture from the sequences in flight after a segment."""
@@ -126,7 +139,8 @@ class Flight:
                 self.split = True
             self.tokens[view.key] = view.new_tokens
         for key in self.groups:
-            if key not in live and key not in self.ended:
+            pending = self.started is not None and key not in self.started
+            if key not in live and key not in self.ended and not pending:
                 self.ended[key] = "finished"
 
     def decided(self, decisions: dict[int, Decision], inflight: list[Inflight]) -> None:

@@ -197,6 +197,10 @@ class SegmentHooks:
         self.flight = Flight(groups=dict(groups))
         self.ctx = replace(self.base, flight=self.flight)
 
+    def wave(self, keys: list[int]) -> None:
+        """The engine starts a wave of requests ``keys`` (see gfcr.engine.SegmentHook)."""
+        self.flight.start(keys)
+
     def __call__(self, inflight: list[Inflight]) -> dict[int, Decision]:
         self.flight.observe(inflight)
         decisions: dict[int, Decision] = {}

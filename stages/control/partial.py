@@ -34,8 +34,12 @@ class ActivePartialRollouts(StageSpec):
     Departures: slime counts groups that pass the dynamic-sampling filter; scores exist
     only after generation here, so complete groups count (pair with ``DynamicSampling``
     in refill mode to top up). Every generate call, refill rounds included, is stopped at
-    its own target. The count needs the whole call in one engine wave (HF: requests <=
-    ``max_batch``); the stage refuses to decide otherwise.
+    its own target. The count is exact over several engine waves when the engine says
+    which requests have started (``gfcr.engine.SegmentHook``; the HF engine does when a
+    call has more requests than ``max_batch``): requests of a wave that starts after the
+    target is met are stopped at their first segment and continued next step like any
+    other. With an engine that does not, the stage refuses to decide once it sees a
+    second wave.
 
     >>> ActivePartialRollouts(over_provision=1.5)
     ActivePartialRollouts(name=None, type='april', over_provision=1.5)
@@ -74,7 +78,11 @@ def counting_flight(ctx: StepContext, label: str) -> Flight:
         raise ValueError(f"stage {label!r}: the generate stage declared no request groups "
                          "(SegmentHooks.expect); use a generate stage that does, e.g. GroupSample")
     if flight.split:
-        raise ValueError(f"stage {label!r}: the engine decoded this call in several waves, so "
-                         "finished and not-yet-started requests cannot be told apart; raise "
-                         "the engine's max_batch above the requests of a step")
+        raise ValueError(
+            f"stage {label!r}: the engine decoded this call of {len(flight.groups)!r} requests "
+            "in several waves without saying which requests had started (a segment hook's "
+            "wave(keys), see gfcr.engine.SegmentHook), so finished and not-yet-started "
+            "requests cannot be told apart; raise the engine's max_batch to at least "
+            f"{len(flight.groups)!r}, or lower the requests per step (the replay stage's "
+            "batch, the generate stage's n)")
     return flight

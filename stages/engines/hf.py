@@ -6,11 +6,13 @@ Runs on CPU or GPU over any causal LM with the transformers call convention. It 
 first). The version lives on the policy (``policy.version``), so engine and learner agree
 on it. Requests are decoded in waves of at most ``max_batch`` sequences, left-padded, with
 position ids counted from each sequence's first real token, so a batched greedy result
-equals the single-sequence one. Every ``segment_tokens`` new tokens the in-flight hook may
-stop (finish_reason "aborted", kept as a partial) or prune ("pruned") sequences; finished
-ones leave the batch and the KV cache (an index selection) as soon as that saves more
-compute than the copy costs. A stop string ends a sequence once it
-appears in the completion text ending after the prefix; the token that completed it stays.
+equals the single-sequence one. Before each wave the hook's ``wave(keys)``, when it has
+one, learns which requests start (``gfcr.engine.SegmentHook``), so hooks that count groups
+(APRIL, ARRoL) work over several waves. Every ``segment_tokens`` new tokens the in-flight
+hook may stop (finish_reason "aborted", kept as a partial) or prune ("pruned") sequences;
+finished ones leave the batch and the KV cache (an index selection) as soon as that saves
+more compute than the copy costs. A stop string ends a sequence once it appears in the
+completion text ending after the prefix; the token that completed it stays.
 
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
@@ -241,6 +243,8 @@ class HFEngine:
             gen = torch.Generator(device=self._device)
             gen.manual_seed(params.seed)
         todo = [s for s in seqs if s.reason is None]
+        at_once = [s.req.key for s in seqs if s.reason is not None]
+        announce = getattr(on_segment, "wave", None)
         model = self._policy.model
         was_training = model.training
         model.eval()
@@ -248,6 +252,8 @@ class HFEngine:
             with torch.inference_mode(), self._autocast_ctx():
                 for at in range(0, len(todo), self._max_batch):
                     wave = todo[at:at + self._max_batch]
+                    if callable(announce):  # the hook learns which requests have started
+                        announce([s.req.key for s in wave] + (at_once if at == 0 else []))
                     _Wave(self, wave, params, gen, on_segment, t0).run()
         finally:
             model.train(was_training)
