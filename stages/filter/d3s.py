@@ -15,8 +15,14 @@ advantages in the batch, so a group trains best on its most spread-out rollouts:
 - **Schedule**: both shares start at ``keep`` / ``token_keep`` and relax linearly to 1
   (no down-sampling) over ``relax_steps`` steps: aggressive early, gentle later.
 
-Departure: advantages here are the group estimator's (``advantage``, default GRPO) over
-the group's kept rollouts; the trainer recomputes advantages on the subset it gets.
+Advantages: the subset is chosen on the group estimator's advantages (``advantage``,
+default GRPO) over the whole group — its kept, scored rollouts before down-sampling — and
+D³S trains the kept rows on those same advantages: the theory bounds the gradient norm
+by the variance of the advantages the update uses, and recomputed on the subset a
+std-normalised estimator gives every subset unit variance, so the choice would no longer
+reach the gradient (and the token level's ``|A|`` would change too). This stage writes
+them as :data:`D3S_ADVANTAGE` for every row of the group. Departure, until the trainer
+reads that column: ``stages.train`` recomputes advantages on the kept subset.
 
 >>> D3S(keep=0.5, token_keep=0.5, relax_steps=100)  # doctest: +ELLIPSIS
 D3S(name=None, type='d3s', keep=0.5, token_keep=0.5, relax_steps=100, advantage='grpo')
@@ -44,6 +50,12 @@ completion tokens, keep for the loss the ``token_keep_ratio`` share with the lar
 training temperature, from the trainer's own forward pass — and mask the rest
 (:func:`token_mask` does exactly this). One value per step; every kept row carries it."""
 
+D3S_ADVANTAGE = "d3s_advantage"
+"""Extra column (float64, null = not in a scored group): the advantage of the row within
+its whole group, as the subset was chosen on it. For the trainer: the advantage to train
+a kept row on, for the loss and for the token level's ``|A|`` (instead of one
+recomputed over the kept subset)."""
+
 
 @register("filter")
 class D3S(StageSpec):
@@ -58,7 +70,7 @@ class D3S(StageSpec):
     advantage: str = "grpo"
 
     reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
-    writes: ClassVar[frozenset[str]] = frozenset({TOKEN_KEEP_RATIO})
+    writes: ClassVar[frozenset[str]] = frozenset({TOKEN_KEEP_RATIO, D3S_ADVANTAGE})
 
     @field_validator("advantage")
     @classmethod
@@ -82,15 +94,19 @@ class D3S(StageSpec):
         estimator = lookup_advantage(self.advantage)
         rng = ctx.rng(self.label)
         keep = np.ones(rollouts.num_rows, bool)
+        group_adv = np.full(rollouts.num_rows, np.nan)
         for members in groups.values():
             idx = np.array(members)
             adv = estimator(reward[idx], np.zeros(len(idx), int))
+            group_adv[idx] = adv
             k = max(2, math.ceil(keep_share * len(idx)))
             chosen = max_variance_subset(adv, k, rng)
             keep[np.delete(idx, chosen)] = False
         ratio = pa.array([token_share if token_share is not None and token_share < 1 else None]
                          * rollouts.num_rows, pa.float64())
         table = set_column(rollouts, TOKEN_KEEP_RATIO, ratio)
+        table = set_column(table, D3S_ADVANTAGE, pa.array(group_adv, pa.float64(),
+                                                          from_pandas=True))
         return FilterResult(table, keep=keep.tolist(),
                             reason="d3s: outside the group's max-Var(A) subset")
 

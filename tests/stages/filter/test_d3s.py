@@ -62,3 +62,18 @@ def test_token_mask_keeps_the_largest_abs_advantage_times_entropy():
 def test_groups_smaller_than_two_and_flat_groups_are_kept_whole():
     table = rollouts(["a", "b", "b"], [1, 0, 0])
     assert D3S(keep=0.1).apply(context(), table).keep == [True, True, True]
+
+
+def test_the_group_advantages_the_subset_was_chosen_on_are_written_for_the_trainer():
+    from stages.filter.d3s import D3S_ADVANTAGE
+    from stages.train.advantages import lookup_advantage
+
+    table = rollouts(["g"] * 8 + ["h"], [1, 0, 0, 0, 0, 0, 0, 0, None])
+    result = D3S(keep=0.5).apply(context(), table)
+    written = result.table.column(D3S_ADVANTAGE).to_pylist()
+    grpo = lookup_advantage("grpo")
+    whole = grpo(np.array([1.0] + [0.0] * 7), np.zeros(8, int))
+    assert written[:8] == pytest.approx(whole.tolist()) and written[8] is None  # unscored
+    kept = [i for i in range(8) if result.keep[i]]
+    subset = grpo(np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(4, int))
+    assert [written[i] for i in kept] != pytest.approx(subset.tolist())  # not renormalised
