@@ -2,8 +2,9 @@
 first, relaxing to everything over 40 steps ("Learning More with Less: A Dynamic
 Dual-Level Down-Sampling Framework for Efficient Policy Optimization", 2025).
 
-The token level is applied by the trainer from the ``token_keep_ratio`` column (see
-``stages.filter.d3s``).
+The token level is applied by the trainer from the ``token_keep_ratio`` column, and the
+kept rows train on the whole-group advantages D³S chose them on (``d3s_advantage``); see
+``stages.filter.d3s``.
 """
 
 from gfcr import Pipeline

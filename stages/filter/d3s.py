@@ -21,8 +21,11 @@ D³S trains the kept rows on those same advantages: the theory bounds the gradie
 by the variance of the advantages the update uses, and recomputed on the subset a
 std-normalised estimator gives every subset unit variance, so the choice would no longer
 reach the gradient (and the token level's ``|A|`` would change too). This stage writes
-them as :data:`D3S_ADVANTAGE` for every row of the group. Departure, until the trainer
-reads that column: ``stages.train`` recomputes advantages on the kept subset.
+them as :data:`D3S_ADVANTAGE` for every row of the group, and ``stages.train`` trains
+each kept row on its value as is — in the loss, as the token level's ``|A|`` and as the
+stored ``advantage`` — with no renormalisation over the subset
+(:func:`stages.train.masks.d3s_advantages`). They come from this stage's ``advantage``
+estimator, not the trainer's.
 
 >>> D3S(keep=0.5, token_keep=0.5, relax_steps=100)  # doctest: +ELLIPSIS
 D3S(name=None, type='d3s', keep=0.5, token_keep=0.5, relax_steps=100, advantage='grpo')
@@ -54,7 +57,7 @@ D3S_ADVANTAGE = "d3s_advantage"
 """Extra column (float64, null = not in a scored group): the advantage of the row within
 its whole group, as the subset was chosen on it. For the trainer: the advantage to train
 a kept row on, for the loss and for the token level's ``|A|`` (instead of one
-recomputed over the kept subset)."""
+recomputed over the kept subset); the trainer reports it as the row's ``advantage``."""
 
 
 @register("filter")

@@ -12,6 +12,9 @@ What the learner adds around the loss (:mod:`stages.train.loss`):
 - **loss masks** from upstream stages, when their column is in the batch: forced hint
   tokens (``hint_tokens``, ADHint) and D³S's token share (``token_keep_ratio``); see
   :mod:`stages.train.masks`;
+- **upstream advantages**: D³S's whole-group ``d3s_advantage``, where a row carries one,
+  replaces the estimator's advantage as is (loss, token ranking and stored
+  ``advantage``); see :func:`stages.train.masks.d3s_advantages`;
 - **off-policy correction** for replayed and stale rows: decoupled PPO with a truncated
   importance weight (AReaL, Fu et al. 2025; IMPALA, Espeholt et al. 2018); see
   :mod:`stages.train.offpolicy`;

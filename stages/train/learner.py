@@ -2,7 +2,8 @@
 the method and its options).
 
 One update: advantages over the batch's groups (with the ``rewards`` components for
-estimators that read them), the rows with signal, their loss masks
+estimators that read them; D³S's whole-group ``d3s_advantage`` where a row carries one,
+used as is), the rows with signal, their loss masks
 (:mod:`stages.train.masks`), a no-grad pass at the current weights where needed (proximal
 logprobs of off-policy rows, :mod:`stages.train.offpolicy`; token entropies for D³S), the
 reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each over
@@ -144,6 +145,12 @@ class GRPOLearner:
     # ------------------------------------------------------------------ pieces
 
     def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
+        """The estimator's advantages over the batch's groups, replaced by D³S's
+        whole-group ones on rows that carry them (:func:`stages.train.masks.d3s_advantages`)."""
+        adv = self._estimated_advantages(batch, rewards)
+        return loss_masks.d3s_advantages(batch, adv, stage=self.spec.label)
+
+    def _estimated_advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
         estimator = lookup_advantage(self.spec.advantage)
         groups = np.asarray(batch.column(col.GROUP_ID).to_pylist())
         components = None

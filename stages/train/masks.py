@@ -13,6 +13,13 @@ extra column, and only when that column is in the batch:
   policy's next-token entropy at the training temperature from the trainer's own forward
   pass (:func:`d3s_masks`, which applies :func:`stages.filter.d3s.token_mask`).
 
+D³S also hands the trainer its advantages: ``d3s_advantage`` (float64, null = none) is
+each row's advantage within its whole group, the values D³S chose the subset on. Where it
+is present the learner trains the row on it, ranks the row's tokens by it (``|A|``) and
+reports it as the row's ``advantage``, with no renormalisation
+(:func:`d3s_advantages`): recomputed over the kept subset, a std-normalised estimator
+would give every subset unit variance and undo the max-Var(A) choice.
+
 Departure from D³S: the share is of the tokens of rows the learner trains on (rows with a
 non-zero advantage and at least one loss token), not of every completion token in the
 batch; rows without signal carry no gradient whatever their mask.
@@ -25,7 +32,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from stages.filter.d3s import TOKEN_KEEP_RATIO, token_mask
+from stages.filter.d3s import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, token_mask
 from stages.generate.conditioned import HINT_TOKENS
 
 
@@ -63,6 +70,25 @@ def keep_ratio(batch: pa.Table, *, stage: str = "grpo") -> float | None:
         raise ValueError(f"{stage}: column {TOKEN_KEEP_RATIO!r} must lie in (0, 1], "
                          f"got {ratio!r}")
     return ratio
+
+
+def d3s_advantages(batch: pa.Table, adv: np.ndarray, *, stage: str = "grpo") -> np.ndarray:
+    """``adv`` with each row's ``d3s_advantage`` in its place where that is not null;
+    ``adv`` itself without the column. The values are used as they are (no
+    renormalisation), so the update sees the whole-group advantages D³S chose on. A NaN
+    or infinite value is refused, naming the row: null, not NaN, means "none"."""
+    if D3S_ADVANTAGE not in batch.column_names:
+        return adv
+    column = batch.column(D3S_ADVANTAGE)
+    if column.null_count == len(column):
+        return adv
+    values = column.to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+    given = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), bool)
+    bad = np.flatnonzero(given & ~np.isfinite(values))
+    if len(bad):
+        raise ValueError(f"{stage}: batch row {int(bad[0])!r} has {D3S_ADVANTAGE}="
+                         f"{float(values[bad[0]])!r}; it must be finite, or null for none")
+    return np.where(given, values, np.asarray(adv, np.float64))
 
 
 def d3s_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],

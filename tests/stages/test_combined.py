@@ -10,7 +10,7 @@ from gfcr.rollout import col
 from gfcr.run import execute
 from stages import (D3S, GRPO, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
                     Hints, Overlong, ResampleOnCorrect, TreeRollout, UniformSampler, Verify)
-from stages.filter.d3s import TOKEN_KEEP_RATIO
+from stages.filter.d3s import D3S_ADVANTAGE, TOKEN_KEEP_RATIO
 from stages.filter.roc import FORMAT_ERRORS
 from stages.generate.conditioned import HINT_TOKENS
 from stages.generate.tree import BRANCH_POS
@@ -43,6 +43,8 @@ def test_tree_verify_penalty_roc_dynamic_d3s_grpo(tmp_path):
         assert {"verify", "overlong"} <= dict(r[col.REWARDS]).keys()
     assert set(complete[col.DROPPED_BY].to_pylist()) <= {None, "roc", "dynamic_sampling", "d3s"}
     assert pc.sum(pc.is_valid(t[col.PARENT_ID])).as_py() > 0
+    trained = complete.filter(complete[col.KEPT]).to_pylist()  # on D3S's group advantages
+    assert trained and all(r[col.ADVANTAGE] == r[D3S_ADVANTAGE] for r in trained)
 
 
 def test_conditioned_exact_match_drop_truncated_d3s(tmp_path):

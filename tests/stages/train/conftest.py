@@ -40,7 +40,7 @@ def rollouts(policy, rewards: Sequence[float], groups: Sequence[str], *,
                "logprobs": pa.array(logprobs, pa.list_(pa.float32()))}
     types = {"hint_tokens": pa.int32(), "policy_version_start": pa.int64(),
              "policy_version_end": pa.int64(), "replay_count": pa.int32(),
-             "token_keep_ratio": pa.float64()}
+             "token_keep_ratio": pa.float64(), "d3s_advantage": pa.float64()}
     for name, values in extra.items():
         columns[name] = pa.array(list(values), types.get(name))
     return pa.table(columns)

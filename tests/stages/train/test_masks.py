@@ -1,4 +1,5 @@
-"""Loss masks in the learner: forced hint tokens (ADHint) and D³S's token share."""
+"""Loss masks in the learner: forced hint tokens (ADHint) and D³S's token share; D³S's
+whole-group advantages."""
 
 import math
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.filter.d3s import token_mask
 from stages.train.advantages import lookup_advantage
 from stages.train.batching import padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
@@ -124,3 +126,66 @@ def test_no_mask_columns_means_every_token_trains():
     work = GRPO().learner(policy, seed=0).prepare(
         None, batch, lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS)))
     assert all(m.all() for m in work.masks)
+
+
+D3S_ADV = [1.5, -0.5, 0.3, None, 2.0, -1.0]  # row 3: none, the estimator's value stands
+
+
+def _d3s_expected():
+    """D3S_ADV with the GRPO estimate (over the whole batch) where it is None."""
+    recomputed = lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS))
+    return np.array([r if a is None else a for a, r in zip(D3S_ADV, recomputed)])
+
+
+def _hand_gradient(policy, batch, adv, ratio=None, mask_adv=None):
+    """GRPO's seq_mean loss with advantages ``adv`` written out by hand; with ``ratio``,
+    only the tokens D³S's token_mask keeps under |mask_adv| x entropy (default: ``adv``)
+    enter it."""
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    prompts = batch.column("prompt_ids").to_pylist()
+    completions = batch.column("completion_ids").to_pylist()
+    new, mask, h = sequence_logprobs_entropy(model, prompts, completions,
+                                             entropy=token_entropy)
+    if ratio is not None:
+        lengths = [len(c) for c in completions]
+        kept = token_mask(list(adv if mask_adv is None else mask_adv), [h[i, :n].detach().numpy() for i, n in
+                                      enumerate(lengths)], ratio)
+        mask = padded(kept, mask.shape[1], dtype=torch.bool)
+    old = padded(batch.column("logprobs").to_pylist(), mask.shape[1])
+    loss, _ = policy_loss(new, old, torch.tensor(adv, dtype=torch.float32), mask,
+                          clip_low=0.2, clip_high=0.28, aggregation="seq_mean")
+    loss.backward()
+    return loss.item(), grads(model)
+
+
+@pytest.mark.parametrize("ratio", [None, 0.5])
+def test_d3s_advantages_are_trained_on_as_they_are(ratio):
+    policy = TINY.build(seed=0)
+    batch = rollouts(policy, REWARDS, GROUPS, completions=LONG, d3s_advantage=D3S_ADV,
+                     token_keep_ratio=[ratio] * len(REWARDS))
+    learner = GRPO().learner(policy, seed=0)
+    loss = learner.loss_and_gradients(None, batch)
+    got = grads(policy.model)
+    want_loss, want = _hand_gradient(policy, batch, _d3s_expected(), ratio)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8)
+    # not the gradient of the advantages recomputed on the batch
+    recomputed = lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS))
+    _, other = _hand_gradient(policy, batch, recomputed, ratio)
+    assert any(not torch.allclose(a, b) for a, b in zip(got, other))
+    if ratio is not None:  # and the token mask ranks by |d3s_advantage| too
+        _, other_mask = _hand_gradient(policy, batch, _d3s_expected(), ratio, recomputed)
+        assert any(not torch.allclose(a, b) for a, b in zip(got, other_mask))
+    result = learner.update(None, batch)
+    assert result.advantages == _d3s_expected().tolist()  # the stored advantage column
+
+
+def test_a_non_finite_d3s_advantage_is_refused_naming_the_row():
+    policy = TINY.build(seed=0)
+    batch = rollouts(policy, REWARDS, GROUPS, completions=LONG,
+                     d3s_advantage=[1.0, float("nan"), 0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"grpo: batch row 1 has d3s_advantage=nan; it "
+                                         r"must be finite, or null for none"):
+        GRPO().learner(policy, seed=0).update(None, batch)
