@@ -72,6 +72,11 @@ class Runtime:
     commit: Committer | None = None
     history: Callable[[int], Any] | None = None
     """history(step) -> a History reader as of that step, for stages that query it."""
+    background: Call | None = None
+    """Runs the step's commit behind the loop (None: through ``call``, before the step
+    returns). It returns at once; the executor keeps commits in step order and finishes
+    each before the next step's history is read, before a checkpoint and before the run
+    ends (gfcr.run). The commit's inputs are fixed when it is handed over."""
 
 
 @dataclass
@@ -118,7 +123,8 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     metrics["policy_version"] = float(rt.engine.version)
     metrics["step_seconds"] = time.perf_counter() - started
     if rt.commit is not None:
-        call(f"commit[step={step}]", _commit_fn(rt, run_id, step, metrics), ref)
+        commit = _commit_fn(rt, run_id, step, dict(metrics), rt.engine.version)
+        (rt.background or call)(f"commit[step={step}]", commit, ref)
     return StepReport(step=step, metrics=metrics, rollouts=ref)
 
 
@@ -314,10 +320,13 @@ def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
     return fn
 
 
-def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float]) -> Callable:
+def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float],
+               policy_version: int) -> Callable:
+    """The step's commit; takes the version and metrics as the step left them, since it
+    may run while the next step trains (see Runtime.background)."""
     def fn(ref: TableRef) -> str:
         result = rt.commit(run_id, step, rt.stash.get(ref),  # type: ignore[misc]
-                           policy_version=rt.engine.version, metrics=metrics)
+                           policy_version=policy_version, metrics=metrics)
         return str(getattr(result, "message", "committed"))
     return fn
 

@@ -3,10 +3,12 @@
 This is the only module that imports prefect. Under Prefect a pipeline run is one flow
 run (named by the run id); every stage of every step is one task run named
 ``<stage>[step=N]``, plus ``warmstart``, ``evaluate[step=N]`` and ``commit[step=N]``.
-Tasks pass :class:`~gfcr.loop.TableRef` references to Arrow files staged under the run
-root; the engine, the policy and the store connection stay in the flow's process for the
-whole run. Both executors run the same loop code with the same seeds, so they give the
-same results.
+Tasks pass :class:`~gfcr.loop.TableRef` references to tables that stay in the flow's
+process (:mod:`gfcr.stash`: in memory, spilled to Arrow files past a budget); the engine,
+the policy and the store connection stay there for the whole run too. A step's commit
+runs behind the next step, in order, finished before that step's history is read, before
+each checkpoint and before the run ends (:mod:`gfcr.commits`). Both executors run the
+same loop code with the same seeds, so they give the same results.
 
 A run id the store already holds is continued, not restarted: from its newest checkpoint,
 replaying committed steps after it without committing them again (:mod:`gfcr.resume`).
@@ -16,7 +18,6 @@ task ``checkpoint[step=N]`` (:mod:`gfcr.checkpoint`).
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shutil
@@ -25,53 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol
 
-import pyarrow as pa
-import pyarrow.ipc as ipc
-
 from gfcr import checkpoint, resume
-from gfcr.loop import Runtime, StepReport, TableRef, evaluate, run_step
+from gfcr.commits import BackgroundCommits, LazyHistory, Start
+from gfcr.loop import Runtime, StepReport, evaluate, run_step
 from gfcr.pipeline import Pipeline
+from gfcr.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 
 Executor = Literal["prefect", "local"]
 DEFAULT_ROOT = Path(".gfcr")
-
-
-# --------------------------------------------------------------------------- stashes
-
-
-class MemoryStash:
-    """Tables kept in a dict; for the in-process executor."""
-
-    def __init__(self) -> None:
-        self._tables: dict[str, pa.Table] = {}
-
-    def put(self, key: str, table: pa.Table) -> TableRef:
-        self._tables[key] = table
-        return TableRef(key, table.num_rows)
-
-    def get(self, ref: TableRef) -> pa.Table:
-        return self._tables[ref.key]
-
-
-class FileStash:
-    """Tables staged as Arrow IPC files, so task inputs and outputs are only names."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    def put(self, key: str, table: pa.Table) -> TableRef:
-        path = self.root / f"{key}.arrow"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)
-        return TableRef(key, table.num_rows)
-
-    def get(self, ref: TableRef) -> pa.Table:
-        with pa.memory_map(str(self.root / f"{ref.key}.arrow")) as source:
-            return ipc.open_file(source).read_all()
 
 
 # --------------------------------------------------------------------------- hooks
@@ -170,43 +132,49 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT, executor: Executor
     hooks = list(hooks or [])
     own_store = store is None
     store = store or RolloutStore.open(root / "store")
-    stash: Any = None
+    stash = SpillStash(root / "staging" / run_id)
     try:
         resumed = resume.check(store, run_id, pipeline)
-        stash = FileStash(root / "staging" / run_id) if executor == "prefect" else MemoryStash()
         body = _body(pipeline, root, run_id, hooks, store, stash, resumed)
         if executor == "local":
-            return body(_local_call)
+            return _local(body)
         return _prefect_flow(pipeline, run_id, body)
     finally:
-        if isinstance(stash, FileStash):
-            shutil.rmtree(stash.root, ignore_errors=True)
+        shutil.rmtree(stash.root, ignore_errors=True)
         if own_store:
             store.close()
 
 
-def _local_call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
+def _local(body: Callable[[Callable[..., Any], Start], RunSummary]) -> RunSummary:
+    """The in-process executor: plain calls, background commits in one thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="gfcr-commit") as pool:
+        return body(lambda name, fn, *args: fn(*args),
+                    lambda name, fn, *args: pool.submit(fn, *args))
 
 
 def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any, resumed: bool) -> Callable[[Callable[..., Any]], RunSummary]:
-    def body(call: Callable[..., Any]) -> RunSummary:
+          stash: Any, resumed: bool) -> Callable[[Callable[..., Any], Start], RunSummary]:
+    def body(call: Callable[..., Any], start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
         _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed)
-        status = "failed"
+        status, commits = "failed", BackgroundCommits(start)
         try:
-            rt, policy = _build(pipeline, run_id, stash, store)
-            summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy),
-                             started, resumed)
+            rt, policy = _build(pipeline, run_id, stash, store, commits)
+            summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
+                                  commits), started, resumed)
             status = "finished"
             return summary
         finally:
-            store.finish_run(run_id, status)
-            if status != "finished":
-                _emit(hooks, "on_end", summary=None, status=status)
+            try:
+                commits.wait()  # a commit in flight finishes, whatever else failed
+            finally:
+                store.finish_run(run_id, status)
+                if status != "finished":
+                    _emit(hooks, "on_end", summary=None, status=status)
     return body
 
 
@@ -222,6 +190,7 @@ class _Run:
     call: Callable[..., Any]
     rt: Runtime
     policy: Any
+    commits: BackgroundCommits
 
     def evaluate_at(self, label: str, step: int) -> float:
         """Held-out greedy accuracy, as the task ``evaluate[label]``."""
@@ -248,6 +217,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
     for step in range(0 if ckpt is None else ckpt.step + 1, p.steps):
         _step(run, step, progress, replayed=last is not None and step <= last)
     after = run.evaluate_at(f"step={p.steps}", p.steps)
+    run.commits.wait()
     initial, start = progress["accuracy_initial"], progress["accuracy_start"]
     summary = RunSummary(
         run_id=run.run_id, pipeline=p.name, spec_hash=p.spec_hash(), store=str(store.uri),
@@ -291,8 +261,12 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     elif ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
         report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
     progress["history"].append(report.metrics)
+    # step - 1's commit is done: this step handed its own over only after it (or, a
+    # replayed step, came before any commit of this call)
+    run.rt.stash.forget(f"{step - 1}/")
     every = p.checkpoint.every
     if step == p.steps - 1 or (every and (step + 1) % every == 0):
+        run.commits.wait()  # a checkpoint follows its step's commit (gfcr.resume)
         run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
             checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
             spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
@@ -300,28 +274,47 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed)
 
 
-def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any) -> tuple[Runtime, Any]:
+def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any,
+           commits: BackgroundCommits) -> tuple[Runtime, Any]:
     """Policy, engine and learner: built once, kept for the whole run."""
     policy = pipeline.policy.build(seed=pipeline.seed)
     engine = pipeline.engine.build(policy, seed=pipeline.seed)
     trainers = pipeline.of_kind("train")
     learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
+    snapshots: dict[int, int] = {}
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=stash, commit=store.commit_step, history=_history(store, run_id))
+                 stash=stash, commit=_recording(store.commit_step, snapshots),
+                 history=_history(store, run_id, snapshots, commits), background=commits)
     return rt, policy
 
 
-def _history(store: Any, run_id: str) -> Callable[[int], Any]:
+def _recording(commit: Callable[..., Any], snapshots: dict[int, int]) -> Callable[..., Any]:
+    """``commit`` that notes each step's snapshot, so the next step's history is pinned
+    without searching the store's snapshot list (a query that grows with the run)."""
+    def commit_step(run_id: str, step: int, rollouts: Any, **kw: Any) -> Any:
+        result = commit(run_id, step, rollouts, **kw)
+        if result.snapshot is not None:
+            snapshots[step] = result.snapshot
+        return result
+    return commit_step
+
+
+def _history(store: Any, run_id: str, snapshots: dict[int, int],
+             commits: BackgroundCommits) -> Callable[[int], Any]:
     """The run's history as of the step before ``step``: what a resumed run sees too. At
-    step 0 that is the store before the run's first commit (live, until it has one)."""
+    step 0 that is the store before the run's first commit (live, until it has one).
+    Built when a stage first reads it, after the commit running behind the step."""
     from store import History
 
     def at(step: int) -> Any:
+        commits.wait()
+        if step and step - 1 in snapshots:
+            return History(store, run_id, as_of_snapshot=snapshots[step - 1])
         if step:
             return History(store, run_id, as_of_step=step - 1)
         first = store.step_snapshot(run_id, 0)
         return History(store, run_id, as_of_snapshot=None if first is None else first - 1)
-    return at
+    return lambda step: LazyHistory(lambda: at(step))
 
 
 def _code_version() -> str:
@@ -334,25 +327,46 @@ def _code_version() -> str:
 
 
 def _prefect_flow(pipeline: Pipeline, run_id: str,
-                  body: Callable[[Callable[..., Any]], RunSummary]) -> RunSummary:
+                  body: Callable[[Callable[..., Any], Start], RunSummary]) -> RunSummary:
     from prefect import flow
 
-    kinds = {s.label: s.kind for s in pipeline.stages}
+    tasks = _tasks(pipeline)
 
     def call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return _prefect_task(name, fn, kinds.get(name.split("[", 1)[0]))(*args)
+        return tasks(name)(name=name, fn=fn, args=args)
+
+    def start(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return tasks(name).submit(name=name, fn=fn, args=args)  # the flow's thread pool
 
     def gfcr_run() -> RunSummary:
-        return body(call)
+        return body(call, start)
 
     return flow(gfcr_run, name=pipeline.name, flow_run_name=run_id,
                 validate_parameters=False, persist_result=False, log_prints=False)()
 
 
-def _prefect_task(name: str, fn: Callable[..., Any], kind: str | None) -> Any:
+def _tasks(pipeline: Pipeline) -> Callable[[str], Any]:
+    """``tasks(name)``: the Prefect task for a call named ``<stage>[...]``, one per stage
+    (or ``commit``, ``evaluate``, ...), built on first use and reused by every step:
+    building a task reads and hashes its function's source (about 2 ms a time). Each call
+    is still its own task run, named ``name``."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    retries = 2 if kind in ("generate", "filter") else 0
-    return task(fn, name=name, task_run_name=name, retries=retries, retry_delay_seconds=1,
-                cache_policy=NO_CACHE, persist_result=False)
+    kinds = {s.label: s.kind for s in pipeline.stages}
+    built: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        label = name.split("[", 1)[0]
+        if label not in built:
+            retries = 2 if kinds.get(label) in ("generate", "filter") else 0
+            built[label] = task(_invoke, name=label, task_run_name="{name}", retries=retries,
+                                retry_delay_seconds=1, cache_policy=NO_CACHE,
+                                persist_result=False)
+        return built[label]
+    return get
+
+
+def _invoke(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """What every task runs: the loop's call ``fn(*args)`` (``name`` names the run)."""
+    return fn(*args)
