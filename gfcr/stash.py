@@ -86,25 +86,26 @@ class SpillStash:
     def __init__(self, root: Path, budget: int = SPILL_BUDGET) -> None:
         self.root = root
         self.budget = budget
-        self._held: OrderedDict[str, pa.Table] = OrderedDict()
+        self._held: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()  # table, bytes
         self._bytes = 0
         self._spilled: set[str] = set()
         self._lock = threading.Lock()
 
     def put(self, key: str, table: pa.Table) -> TableRef:
+        size = table.get_total_buffer_size()  # O(buffers); Table.nbytes walks the data
         with self._lock:
             self._drop(key)
-            self._held[key] = table
-            self._bytes += table.nbytes
+            self._held[key] = (table, size)
+            self._bytes += size
             self._spill()
         return TableRef(key, table.num_rows)
 
     def get(self, ref: TableRef) -> pa.Table:
         with self._lock:
-            table = self._held.get(ref.key)
-            if table is not None:
+            held = self._held.get(ref.key)
+            if held is not None:
                 self._held.move_to_end(ref.key)
-                return table
+                return held[0]
             if ref.key not in self._spilled:
                 raise KeyError(f"no staged table {ref.key!r} (released, or never put)")
         return read_arrow(self._path(ref.key))
@@ -117,23 +118,24 @@ class SpillStash:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of the tables held in memory (Arrow buffer sizes; shared buffers count
-        once per table, so this errs high)."""
+        """Bytes of the tables held in memory (their Arrow buffers; a buffer shared by
+        several tables, or only partly used by a slice, counts whole for each, so this
+        errs high)."""
         return self._bytes
 
     def _spill(self) -> None:
         """Write the least recently used tables to files until the rest fit the budget;
         the newest table always stays in memory."""
         while self._bytes > self.budget and len(self._held) > 1:
-            key, table = self._held.popitem(last=False)
+            key, (table, size) = self._held.popitem(last=False)
             write_arrow(self._path(key), table)
             self._spilled.add(key)
-            self._bytes -= table.nbytes
+            self._bytes -= size
 
     def _drop(self, key: str) -> None:
-        table = self._held.pop(key, None)
-        if table is not None:
-            self._bytes -= table.nbytes
+        held = self._held.pop(key, None)
+        if held is not None:
+            self._bytes -= held[1]
         if key in self._spilled:
             self._spilled.discard(key)
             self._path(key).unlink(missing_ok=True)

@@ -24,7 +24,7 @@ def test_tables_stay_in_memory_within_the_budget(tmp_path):
 
 
 def test_the_least_recently_used_tables_spill_to_files_and_read_back(tmp_path):
-    one = _table(1000).nbytes
+    one = _table(1000).get_total_buffer_size()
     stash = SpillStash(tmp_path / "s", budget=int(3.5 * one))
     refs = [stash.put(f"0/0/t{i}", _table(1000, fill=i)) for i in range(3)]
     stash.get(refs[0])  # t0 used last: t1 is now the least recently used
@@ -42,7 +42,7 @@ def test_the_newest_table_stays_in_memory_even_over_budget(tmp_path):
 
 
 def test_forget_releases_a_steps_tables_in_memory_and_on_disk(tmp_path):
-    stash = SpillStash(tmp_path / "s", budget=_table(100).nbytes)
+    stash = SpillStash(tmp_path / "s", budget=_table(100).get_total_buffer_size())
     old = [stash.put(f"3/0/t{i}", _table(100)) for i in range(2)]  # 3/0/t0 spills
     keep = stash.put("4/0/t0", _table(100))
     stash.forget("3/")
@@ -50,11 +50,11 @@ def test_forget_releases_a_steps_tables_in_memory_and_on_disk(tmp_path):
         with pytest.raises(KeyError, match="3/0/t"):
             stash.get(ref)
     assert not any((tmp_path / "s").rglob("*.arrow"))
-    assert stash.get(keep).num_rows == 100 and stash.held_bytes == _table(100).nbytes
+    assert stash.get(keep).num_rows == 100 and stash.held_bytes == _table(100).get_total_buffer_size()
 
 
 def test_concurrent_puts_and_gets_keep_every_table(tmp_path):
-    stash = SpillStash(tmp_path / "s", budget=3 * _table(50).nbytes)
+    stash = SpillStash(tmp_path / "s", budget=3 * _table(50).get_total_buffer_size())
     errors = []
 
     def work(k: int) -> None:
