@@ -37,64 +37,41 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 # Run as a script, this folder comes first on sys.path and bench/store.py would shadow
 # the ``store`` package; drop that entry before anything imports it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from gfcr import Pipeline, Spec, register  # noqa: E402
+import importlib.util  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name("_runs.py"))
+_runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_runs)
+
 from gfcr.pipeline import load  # noqa: E402
-from gfcr.run import execute  # noqa: E402
-from stages import SFT  # noqa: E402
 
 CONFIGS = {"grpo": "default", "rollout_replay": "rollout_replay", "dots_rr": "dots_rr",
            "insight": "insight", "vade": "vade"}
 """Configuration name -> registered pipeline; "grpo" is the baseline."""
 
 
-@register("warmstart")
-class SharedWarmStart(Spec):
-    """The default pipeline's SFT warm start with a fixed seed and cache folder, so every
-    configuration and seed starts from the same (cached) weights."""
-
-    type: Literal["_bench_shared_sft"] = "_bench_shared_sft"
-    sft: SFT = SFT()
-    seed: int = 0
-    cache: str = ".gfcr/cache"
-
-    def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path) -> dict[str, float]:
-        return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache))
-
-
-def configured(name: str, seed: int, args: argparse.Namespace) -> Pipeline:
-    """The registered pipeline with the benchmark's shrunk settings and the default's
-    warm start (seed 0), so every configuration and seed starts from the same weights."""
-    overrides = [f"steps={args.steps}", f"seed={seed}", f"evaluation.every={args.every}",
-                 f"evaluation.size={args.eval_size}"]
-    p = load(CONFIGS[name]).with_overrides(overrides + ([f"grpo.lr={args.lr}"] if args.lr else []))
-    data = p.to_dict()
-    data["warmstart"] = SharedWarmStart(sft=load("default").warmstart, cache=str(args.cache))
-    return Pipeline(**{**data, "name": f"bench-{name}"})
-
-
 def one_run(name: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Run one configuration and seed; its accuracy curve and cost to the threshold."""
-    started = time.perf_counter()
-    summary = execute(configured(name, seed, args), root=root / f"{name}-{seed}", executor="local")
-    generated = [m["tokens"] for m in summary.history]
-    seconds = [m["step_seconds"] for m in summary.history]
-    warm = getattr(summary, "accuracy_warmstart", None)  # after the warm start, at step 0
-    curve = [(0, summary.accuracy_before if warm is None else warm)]
-    curve += [(i + 1, m["heldout_accuracy"]) for i, m in enumerate(summary.history) if "heldout_accuracy" in m]
-    curve.append((summary.steps, summary.accuracy_after))
-    crossing = next((s for s, acc in curve if s > 0 and acc >= args.threshold), None)
+    pipeline = _runs.shrunk(load(CONFIGS[name]), name, seed,
+                            [f"grpo.lr={args.lr}"] if args.lr else [], steps=args.steps,
+                            every=args.every, eval_size=args.eval_size, cache=args.cache)
+    run = _runs.run_curve(pipeline, root / f"{name}-{seed}")
+    generated = [m["tokens"] for m in run["history"]]
+    seconds = [m["step_seconds"] for m in run["history"]]
+    crossing = next((s for s, acc in run["curve"] if s > 0 and acc >= args.threshold), None)
     return {"seed": seed, "reached_at_step": crossing,
             "tokens_to_threshold": None if crossing is None else sum(generated[:crossing]),
             "seconds_to_threshold": None if crossing is None else sum(seconds[:crossing]),
-            "tokens_total": sum(generated), "replayed_rows": sum(m.get("replay/rows", 0.0) for m in summary.history),
-            "accuracy_final": summary.accuracy_after, "curve": curve,
-            "run_seconds": time.perf_counter() - started}
+            "tokens_total": sum(generated),
+            "replayed_rows": sum(m.get("replay/rows", 0.0) for m in run["history"]),
+            "accuracy_final": run["accuracy_final"], "curve": run["curve"],
+            "run_seconds": run["run_seconds"]}
 
 
 def median_or_none(values: list[float | None]) -> float | None:

@@ -1,0 +1,150 @@
+"""Learning on held-out data: the GRPO family on the default task, three seeds each.
+
+Every configuration is the default pipeline (pipelines/default.py) with a few stages
+changed, started from the same cached SFT warm start (seed 0) and run for ``--steps``
+steps in-process, with held-out greedy accuracy (the task's 256 held-out prompts)
+measured after the warm start, every ``--every`` steps and at the end:
+
+- ``grpo``: the default (group mean/std advantage, sequence-mean loss, G=8);
+- ``drgrpo``: Dr. GRPO (Liu et al. 2025): mean-only advantage, token sums divided by the
+  generation budget (``seq_mean_token_sum_norm``);
+- ``dapo``: DAPO-style (Yu et al. 2025): token-mean loss, clip-higher 0.28, dynamic
+  sampling refilling the batch to 32 groups with signal;
+- ``mc_grpo_g2``: MC-GRPO's setting: G=2+1 samples, median baseline, the pivot dropped;
+- ``grpo_g2``: GRPO at G=2, the comparison MC-GRPO's paper makes (G=2 vs G=8 gap).
+
+Seeds change prompt draws and sampling, not the warm start. ``grpo_heldout_gain`` is the
+grpo configuration's held-out accuracy after its last step minus after the warm start, in
+points, mean over seeds; every configuration has the same figure and its curve.
+
+    .venv/bin/python bench/learning.py            # table
+    .venv/bin/python bench/learning.py --json     # one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Run as a script, this folder comes first on sys.path and bench/store.py would shadow
+# the ``store`` package; drop that entry before anything imports it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+_spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name("_runs.py"))
+_runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_runs)
+
+from gfcr.pipeline import load  # noqa: E402
+
+CONFIGS: dict[str, list[str]] = {
+    "grpo": [],
+    "drgrpo": ["grpo.advantage=drgrpo", "grpo.aggregation=seq_mean_token_sum_norm"],
+    "dapo": ["grpo.aggregation=token_mean", "grpo.clip_high=0.28",
+             "dynamic_sampling.mode=refill", "dynamic_sampling.min_groups=32",
+             "dynamic_sampling.max_rounds=3"],
+    "mc_grpo_g2": ["group.n=3", "grpo.advantage=mc_grpo"],
+    "grpo_g2": ["group.n=2"],
+}
+"""Configuration name -> ``--set`` overrides of the default pipeline."""
+
+
+def one_run(name: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """One configuration and seed: its curve and gain over the warm start, in points."""
+    lr = [f"grpo.lr={args.lr}"] if args.lr else []
+    pipeline = _runs.shrunk(load("default"), name, seed, CONFIGS[name] + lr, steps=args.steps,
+                            every=args.every, eval_size=args.eval_size, cache=args.cache)
+    run = _runs.run_curve(pipeline, root / f"{name}-{seed}")
+    history = run["history"]
+    return {"seed": seed, "curve": run["curve"], "accuracy_start": run["accuracy_start"],
+            "accuracy_final": run["accuracy_final"],
+            "gain_points": 100.0 * (run["accuracy_final"] - run["accuracy_start"]),
+            "train_reward_first": _mean_of(history[:5], "reward_mean"),
+            "train_reward_last": _mean_of(history[-5:], "reward_mean"),
+            "tokens": sum(m.get("tokens", 0.0) for m in history),
+            "run_seconds": run["run_seconds"]}
+
+
+def _mean_of(rows: list[dict[str, float]], key: str) -> float | None:
+    values = [m[key] for m in rows if key in m]
+    return statistics.mean(values) if values else None
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per configuration: mean and spread of the gain, and the mean curve over seeds."""
+    out: dict[str, Any] = {}
+    for name, seeds in runs.items():
+        gains = [r["gain_points"] for r in seeds]
+        steps = [s for s, _ in seeds[0]["curve"]]
+        out[name] = {
+            "seeds": len(seeds), "gain_points_mean": statistics.mean(gains),
+            "gain_points_sd": statistics.stdev(gains) if len(gains) > 1 else 0.0,
+            "accuracy_start_mean": statistics.mean(r["accuracy_start"] for r in seeds),
+            "accuracy_final_mean": statistics.mean(r["accuracy_final"] for r in seeds),
+            "curve_mean": [(s, statistics.mean(r["curve"][i][1] for r in seeds))
+                           for i, s in enumerate(steps)],
+            "tokens_mean": statistics.mean(r["tokens"] for r in seeds),
+            "runs": seeds}
+    return out
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The comparison as a plain-text table; curves as accuracy at each evaluated step."""
+    head = (f"{'configuration':<14}{'start':>7}{'final':>7}{'gain (pts)':>12}{'sd':>6}"
+            f"{'tokens':>10}  curve (step: accuracy, mean over seeds)")
+    lines = [head, "-" * len(head)]
+    for name, e in summary.items():
+        curve = " ".join(f"{s}:{a:.3f}" for s, a in e["curve_mean"])
+        lines.append(f"{name:<14}{e['accuracy_start_mean']:>7.3f}{e['accuracy_final_mean']:>7.3f}"
+                     f"{e['gain_points_mean']:>+12.1f}{e['gain_points_sd']:>6.1f}"
+                     f"{e['tokens_mean']:>10,.0f}  {curve}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--every", type=int, default=15, help="evaluate every N steps")
+    ap.add_argument("--eval-size", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=None, help="override the GRPO learning rate")
+    ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    args = ap.parse_args()
+    names = [n for n in args.configs.split(",") if n]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown or "grpo" not in names:
+        sys.exit(f"--configs must include grpo and name only {sorted(CONFIGS)}; got {names!r}")
+    started = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="gfcr-learning-") as tmp:
+        for seed in range(args.seeds):  # seeds outermost: a cut-short run still compares
+            for name in names:
+                runs[name].append(one_run(name, seed, args, Path(tmp)))
+                r = runs[name][-1]
+                print(f"  {name} seed {seed}: {r['accuracy_start']:.3f} -> "
+                      f"{r['accuracy_final']:.3f} ({r['run_seconds']:.0f}s)", file=sys.stderr)
+    summary = summarise(runs)
+    result = {"grpo_heldout_gain": summary["grpo"]["gain_points_mean"],
+              "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")},
+              "seconds": time.perf_counter() - started, **summary}
+    if args.out:
+        args.out.write_text(json.dumps(result))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(table(summary))
+        print(f"grpo_heldout_gain: {result['grpo_heldout_gain']:+.1f} points "
+              f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all")
+
+
+if __name__ == "__main__":
+    main()
