@@ -21,8 +21,9 @@ out = Console()
 ROOT_HELP = "Run root: the store, MLflow database, caches (default .gfcr)."
 
 
-def _quiet_prefect(verbose: bool) -> None:
-    """Prefect reads its settings at import: set them before anything imports it."""
+def quiet_prefect(verbose: bool = False) -> None:
+    """Prefect settings of ``gfcr run`` (benchmarks use them too). Prefect reads its
+    settings at import: set them before anything imports it."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # the temporary local server needs more than Prefect's 20 s on a busy 2-core machine
@@ -51,7 +52,7 @@ def run(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run."""
-    _quiet_prefect(verbose)
+    quiet_prefect(verbose)
     from gfcr.pipeline import PipelineError, load
     from gfcr.resume import ResumeError
     from gfcr.run import execute
