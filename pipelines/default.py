@@ -12,14 +12,19 @@ from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, T
                     UniformSampler, Verify)
 
 # --- where prompts come from, and who answers them
-task = ReasoningGym(dataset="chain_sum",
+task = ReasoningGym(dataset="chain_sum", heldout_size=512,
                     config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
 policy = TinyLlama()
 
-SETUP = dict(task=task, policy=policy, engine=HF(device="cpu"), warmstart=SFT(steps=1000),
-             evaluation=Evaluation(size=256, max_tokens=8))
+SETUP = dict(task=task, policy=policy, engine=HF(device="cpu"),
+             warmstart=SFT(steps=300, batch_size=256, schedule="cosine"),
+             evaluation=Evaluation(size=512, max_tokens=8))
 """The task, policy, engine, warm start and evaluation every ready pipeline shares, so
-they all start from the same cached warm start and are measured the same way."""
+they all start from the same cached warm start and are measured the same way.
+
+The warm start is 300 steps of 256 examples with a cosine-annealed learning rate (about
+two minutes on one core); 512 held-out prompts put one standard error of the accuracy
+at about 1.6 points."""
 
 pipeline = Pipeline(
     name="default",
