@@ -7,9 +7,11 @@ bench/store.py would shadow the ``store`` package).
 """
 
 
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from gfcr import Pipeline, Spec, register
 from gfcr.pipeline import load
@@ -55,3 +57,40 @@ def run_curve(pipeline: Pipeline, root: Path) -> dict[str, Any]:
     return {"history": summary.history, "curve": curve, "accuracy_start": curve[0][1],
             "accuracy_final": summary.accuracy_after, "steps": summary.steps,
             "run_seconds": time.perf_counter() - started}
+
+
+def all_runs(names: list[str], seeds: int, one_run: Callable[[str, int, Path], dict[str, Any]],
+             *, prefix: str) -> dict[str, list[dict[str, Any]]]:
+    """``one_run(name, seed, root)`` for every configuration and seed, seeds outermost so
+    a run cut short still compares like with like; one progress line per run on stderr."""
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for seed in range(seeds):
+            for name in names:
+                run = one_run(name, seed, Path(tmp))
+                runs[name].append(run)
+                print(f"  {name} seed {seed}: {run['accuracy_start']:.3f} -> "
+                      f"{run['accuracy_final']:.3f} ({run['run_seconds']:.0f}s)", file=sys.stderr)
+    return runs
+
+
+def add_common_args(ap: Any, configs: list[str], *, steps: int, every: int) -> None:
+    """The options every configuration-by-seed benchmark takes."""
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--configs", default=",".join(configs), help="comma-separated subset")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--every", type=int, default=every, help="evaluate every N steps")
+    ap.add_argument("--eval-size", type=int, default=512, help="held-out prompts evaluated")
+    ap.add_argument("--lr", type=float, default=None, help="override the GRPO learning rate")
+    ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+
+
+def config_names(args: Any, known: list[str]) -> list[str]:
+    """``--configs`` as a list; exits naming the problem unless it includes the "grpo"
+    baseline and names only ``known`` configurations."""
+    names = [n for n in args.configs.split(",") if n]
+    if sorted(set(names) - set(known)) or "grpo" not in names:
+        sys.exit(f"--configs must include grpo and name only {sorted(known)}; got {names!r}")
+    return names

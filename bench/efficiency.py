@@ -34,7 +34,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,8 @@ def one_run(name: str, seed: int, args: argparse.Namespace, root: Path) -> dict[
             "seconds_to_threshold": None if crossing is None else sum(seconds[:crossing]),
             "tokens_total": sum(generated),
             "replayed_rows": sum(m.get("replay/rows", 0.0) for m in run["history"]),
-            "accuracy_final": run["accuracy_final"], "curve": run["curve"],
+            "accuracy_start": run["accuracy_start"], "accuracy_final": run["accuracy_final"],
+            "curve": run["curve"],
             "run_seconds": run["run_seconds"]}
 
 
@@ -119,31 +119,13 @@ def table(summary: dict[str, Any], threshold: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--every", type=int, default=5, help="evaluate every N steps")
-    ap.add_argument("--eval-size", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=None, help="override every GRPO learning rate")
+    _runs.add_common_args(ap, list(CONFIGS), steps=30, every=5)
     ap.add_argument("--threshold", type=float, default=0.075, help="held-out accuracy to reach")
-    ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
-    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args()
-    names = [n for n in args.configs.split(",") if n]
-    unknown = sorted(set(names) - set(CONFIGS))
-    if unknown or "grpo" not in names:
-        sys.exit(f"--configs must include grpo and name only {sorted(CONFIGS)}; got {names!r}")
+    names = _runs.config_names(args, list(CONFIGS))
     started = time.perf_counter()
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    with tempfile.TemporaryDirectory(prefix="gfcr-efficiency-") as tmp:
-        for seed in range(args.seeds):  # seeds outermost: a cut-short run still compares
-            for name in names:
-                runs[name].append(one_run(name, seed, args, Path(tmp)))
-                if not args.json:
-                    r = runs[name][-1]
-                    print(f"  {name} seed {seed}: reached at step {r['reached_at_step']}, "
-                          f"final {r['accuracy_final']:.3f}, {r['run_seconds']:.0f}s", file=sys.stderr)
+    runs = _runs.all_runs(names, args.seeds, lambda n, seed, root: one_run(n, seed, args, root),
+                          prefix="gfcr-efficiency-")
     summary = summarise(runs)
     savings = [e["token_saving"] for n, e in summary.items() if n != "grpo" and e["token_saving"] is not None]
     result = {"best_token_saving": max(savings) if savings else None, "threshold": args.threshold,

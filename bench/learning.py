@@ -28,7 +28,6 @@ import importlib.util
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -109,29 +108,12 @@ def table(summary: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--every", type=int, default=15, help="evaluate every N steps")
-    ap.add_argument("--eval-size", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=None, help="override the GRPO learning rate")
-    ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
-    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    _runs.add_common_args(ap, list(CONFIGS), steps=60, every=15)
     args = ap.parse_args()
-    names = [n for n in args.configs.split(",") if n]
-    unknown = sorted(set(names) - set(CONFIGS))
-    if unknown or "grpo" not in names:
-        sys.exit(f"--configs must include grpo and name only {sorted(CONFIGS)}; got {names!r}")
+    names = _runs.config_names(args, list(CONFIGS))
     started = time.perf_counter()
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    with tempfile.TemporaryDirectory(prefix="gfcr-learning-") as tmp:
-        for seed in range(args.seeds):  # seeds outermost: a cut-short run still compares
-            for name in names:
-                runs[name].append(one_run(name, seed, args, Path(tmp)))
-                r = runs[name][-1]
-                print(f"  {name} seed {seed}: {r['accuracy_start']:.3f} -> "
-                      f"{r['accuracy_final']:.3f} ({r['run_seconds']:.0f}s)", file=sys.stderr)
+    runs = _runs.all_runs(names, args.seeds, lambda n, seed, root: one_run(n, seed, args, root),
+                          prefix="gfcr-learning-")
     summary = summarise(runs)
     result = {"grpo_heldout_gain": summary["grpo"]["gain_points_mean"],
               "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")},

@@ -65,9 +65,10 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
-from gfcr.loop import Runtime, TableRef, run_step  # noqa: E402
+from gfcr.loop import Runtime, run_step  # noqa: E402
 from gfcr.pipeline import Pipeline, load  # noqa: E402
 from gfcr.rollout import col  # noqa: E402
+from gfcr.stash import MemoryStash  # noqa: E402
 from stages.engines.hf import batch_token_logprobs  # noqa: E402
 from stages.engines.tiny import TinyLlama  # noqa: E402
 
@@ -102,20 +103,6 @@ def _now(device: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- step share
-
-
-class _TableStash:
-    """Tables in a dict (the loop's Stash protocol), so the loop runs with no I/O."""
-
-    def __init__(self) -> None:
-        self._tables: dict[str, pa.Table] = {}
-
-    def put(self, key: str, table: pa.Table) -> TableRef:
-        self._tables[key] = table
-        return TableRef(key, table.num_rows)
-
-    def get(self, ref: TableRef) -> pa.Table:
-        return self._tables[ref.key]
 
 
 class _Recording:
@@ -166,7 +153,7 @@ def default_step_share(pipeline: Pipeline, *, steps: int, cache: Path,
         pipeline.warmstart.run(policy, pipeline.task, seed=pipeline.seed, cache_dir=cache)
     learner = _Recording(pipeline.of_kind("train")[0].learner(policy, seed=pipeline.seed))
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=_TableStash())
+                 stash=MemoryStash())
     per_kind: dict[str, float] = {}
     total, rows = 0.0, []
     for step in range(steps):
