@@ -16,7 +16,8 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +27,14 @@ import duckdb
 T = TypeVar("T")
 
 _ALIASES = {"ducklake": "ducklake", "sqlite": "sqlite_scanner", "postgres": "postgres_scanner"}
+WRITER_THREADS = 1
+"""DuckDB worker threads of a read-write connection. Its work is step commits: catalog
+round trips and a few small appends (a large step's Parquet file is written by pyarrow),
+where DuckDB's thread pool spent more CPU than it saved: a default step's commit took
+about 100 ms of CPU with 2 threads and 50-70 ms with one, at the same wall time
+(BENCHMARKS.md, "Engine"). Compaction, which rewrites data, runs with all threads
+(``all_threads``)."""
+
 _RETRY_MARKERS = ("conflict", "database is locked", "busy", "primary key", "unique constraint",
                   "could not serialize", "duplicate key")
 
@@ -94,12 +103,25 @@ def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb
         con.execute(f"LOAD '{extension_path('ducklake')}'")
         con.execute(f"LOAD '{extension_path(catalog.kind)}'")
         con.execute("SET TimeZone = 'UTC'")
+        if not read_only:
+            con.execute(f"SET threads = {WRITER_THREADS}")
         con.execute(f"ATTACH {quote_literal(catalog.attach_uri)} AS {alias} ({_attach_options(catalog, read_only)})")
         con.execute(f"USE {alias}")
     except BaseException:
         con.close()
         raise
     return con
+
+
+@contextmanager
+def all_threads(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """DuckDB's default thread count (one per core) on a writer connection while the
+    block runs, WRITER_THREADS again after it."""
+    con.execute("RESET threads")
+    try:
+        yield
+    finally:
+        con.execute(f"SET threads = {WRITER_THREADS}")
 
 
 def _attach_options(catalog: Catalog, read_only: bool) -> str:

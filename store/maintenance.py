@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ._duck import quote_literal, with_retry
+from ._duck import all_threads, quote_literal, with_retry
 from ._guard import ReadOnlyError, check_read_only
 from .lake import RolloutStore
 from .views import VIEWS
@@ -88,7 +88,7 @@ def compact(store: RolloutStore) -> CompactResult:
         raise ReadOnlyError(f"store {store.uri!r} is open read-only; compact needs read_only=False")
     before = _data_files(store)
     con = store._con  # the writer connection; compaction is a write
-    with store._lock:
+    with store._lock, all_threads(con):
         with_retry(lambda: con.execute("CALL ducklake_flush_inlined_data('lake')"))
         with_retry(lambda: con.execute("CALL ducklake_merge_adjacent_files('lake')"))
     return CompactResult(before, _data_files(store))
