@@ -92,10 +92,14 @@ def _linked(source: Path, name: str) -> Path:
 
 
 def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the lake attached as ``alias`` and in use.
+    """An in-memory DuckDB connection with the lake attached as ``alias``.
 
     Read-only connections attach the catalog read-only, so they never take a write lock
-    and never block a writer in another process.
+    and never block a writer in another process; the lake is in use, so queries name its
+    tables without a prefix. A read-write connection names them with it (``lake.steps``)
+    and keeps DuckDB's in-memory database in use: registering an Arrow table (each step
+    commit does) resolves the name against the database in use, which for a DuckLake is a
+    catalog round trip (about 10 ms a table, against under 1 ms).
     """
     con = duckdb.connect(config={"autoinstall_known_extensions": False,
                                  "autoload_known_extensions": False})
@@ -106,7 +110,8 @@ def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb
         if not read_only:
             con.execute(f"SET threads = {WRITER_THREADS}")
         con.execute(f"ATTACH {quote_literal(catalog.attach_uri)} AS {alias} ({_attach_options(catalog, read_only)})")
-        con.execute(f"USE {alias}")
+        if read_only:
+            con.execute(f"USE {alias}")
     except BaseException:
         con.close()
         raise
