@@ -2,8 +2,8 @@
 
 Every configuration is the default pipeline (pipelines/default.py) with a few stages
 changed, started from the same cached SFT warm start (seed 0) and run for ``--steps``
-steps in-process, with held-out greedy accuracy (the task's 256 held-out prompts)
-measured after the warm start, every ``--every`` steps and at the end:
+steps (30) in-process, with held-out greedy accuracy (``--eval-size`` held-out prompts)
+measured after the warm start, every ``--every`` (10) steps and at the end:
 
 - ``grpo``: the default (group mean/std advantage, sequence-mean loss, G=8);
 - ``drgrpo``: Dr. GRPO (Liu et al. 2025): mean-only advantage, token sums divided by the
@@ -108,7 +108,7 @@ def table(summary: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    _runs.add_common_args(ap, list(CONFIGS), steps=60, every=15)
+    _runs.add_common_args(ap, list(CONFIGS), steps=30, every=10)
     args = ap.parse_args()
     names = _runs.config_names(args, list(CONFIGS))
     started = time.perf_counter()
