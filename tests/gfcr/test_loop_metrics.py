@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from gfcr.loop import generated_tokens, rollout_metrics
+from gfcr.metrics import generated_tokens, rollout_metrics
 from gfcr.rollout import NEW_TOKENS, col
 from gfcr.run import execute
 from store import RolloutStore

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow.compute as pc
 import pytest
 
@@ -69,11 +71,17 @@ def test_prefect_flow_has_one_task_per_stage_per_step(tmp_path, pipeline, prefec
                 flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
             return run.state.type.value, sorted(t.name for t in tasks)
 
-    state, task_names = asyncio.run(names())
-    assert state == "COMPLETED"
     expected = {f"{s.label}[step={n}]" for s in pipeline.stages for n in range(2)}
     expected |= {f"commit[step={n}]" for n in range(2)}
     expected |= {"evaluate[step=0]", "evaluate[step=2]", "checkpoint[step=1]"}
+    # The server records task runs from events, asynchronously: the last ones can land a
+    # moment after the flow returns, so read until they are all there (or 60 s passed).
+    deadline = time.monotonic() + 60.0
+    state, task_names = asyncio.run(names())
+    while len(task_names) < len(expected) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        state, task_names = asyncio.run(names())
+    assert state == "COMPLETED"
     assert set(task_names) == expected and len(task_names) == len(expected)
 
 

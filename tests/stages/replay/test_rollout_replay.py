@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.loop import rollout_metrics
+from gfcr.metrics import rollout_metrics
 from gfcr.rollout import col
 from stages import RolloutReplay
 from store import History
