@@ -34,7 +34,6 @@ D3S(name=None, type='d3s', keep=0.5, token_keep=0.5, relax_steps=100, advantage=
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -43,7 +42,7 @@ from pydantic import Field, field_validator
 
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
-from stages.filter._table import set_column
+from stages.filter._table import scored_groups, set_column
 from stages.train.advantages import known_advantage, lookup_advantage
 
 TOKEN_KEEP_RATIO = "token_keep_ratio"
@@ -88,12 +87,7 @@ class D3S(StageSpec):
 
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
         keep_share, token_share = self.shares(ctx.step)
-        reward = rollouts.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float)
-        kept = rollouts.column(col.KEPT).to_numpy(zero_copy_only=False)
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i, g in enumerate(rollouts.column(col.GROUP_ID).to_pylist()):
-            if kept[i] and not np.isnan(reward[i]):
-                groups[g].append(i)
+        reward, groups = scored_groups(rollouts)
         estimator = lookup_advantage(self.advantage)
         rng = ctx.rng(self.label)
         keep = np.ones(rollouts.num_rows, bool)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections import defaultdict
 from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
@@ -35,7 +34,7 @@ from pydantic import Field, field_validator
 
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
-from stages.filter._table import set_column
+from stages.filter._table import scored_groups, set_column
 
 FORMAT_ERRORS = "format_errors"
 """Extra column: the error count RoC ranked correct rollouts by."""
@@ -89,12 +88,7 @@ class ResampleOnCorrect(StageSpec):
         rows = rollouts.select([col.COMPLETION, col.ANSWER, col.META]).to_pylist()
         errors = np.array([float(count(r[col.COMPLETION], r[col.ANSWER], r[col.META]))
                            for r in rows])
-        reward = rollouts.column(col.REWARD).to_numpy(zero_copy_only=False).astype(float)
-        kept = rollouts.column(col.KEPT).to_numpy(zero_copy_only=False)
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i, g in enumerate(rollouts.column(col.GROUP_ID).to_pylist()):
-            if kept[i] and not np.isnan(reward[i]):
-                groups[g].append(i)
+        reward, groups = scored_groups(rollouts)
         reasons: list[str | None] = [None] * rollouts.num_rows
         rng = ctx.rng(self.label)
         for members in groups.values():
