@@ -7,6 +7,7 @@ bench/store.py would shadow the ``store`` package).
 """
 
 
+import hashlib
 import sys
 import tempfile
 import time
@@ -31,6 +32,14 @@ class SharedWarmStart(Spec):
 
     def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path) -> dict[str, float]:
         return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache))
+
+
+def random_reward(completion: str, answer: str | None, meta: str | None) -> float:
+    """A control verifier (``Verify(scorer="_runs:random_reward")``; this module is
+    ``_runs`` in ``sys.modules``): 1.0 or 0.0 from a hash of the prompt's task entry and
+    the completion, a fixed coin flip per (prompt, completion), blind to correctness."""
+    digest = hashlib.sha256(f"{meta}\x00{completion.strip()}".encode()).digest()
+    return float(digest[0] & 1)
 
 
 def shrunk(base: Pipeline, name: str, seed: int, overrides: list[str], *, steps: int,

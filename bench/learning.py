@@ -2,8 +2,9 @@
 
 Every configuration is the default pipeline (pipelines/default.py) with a few stages
 changed, started from the same cached SFT warm start (seed 0) and run for ``--steps``
-steps (30) in-process, with held-out greedy accuracy (``--eval-size`` held-out prompts)
-measured after the warm start, every ``--every`` (10) steps and at the end:
+steps (40, as the default pipeline) in-process, with held-out greedy accuracy
+(``--eval-size`` held-out prompts) measured after the warm start, every ``--every`` (10)
+steps and at the end:
 
 - ``grpo``: the default (group mean/std advantage, sequence-mean loss, G=8);
 - ``drgrpo``: Dr. GRPO (Liu et al. 2025): mean-only advantage, token sums divided by the
@@ -11,7 +12,10 @@ measured after the warm start, every ``--every`` (10) steps and at the end:
 - ``dapo``: DAPO-style (Yu et al. 2025): token-mean loss, clip-higher 0.28, dynamic
   sampling refilling the batch to 32 groups with signal;
 - ``mc_grpo_g2``: MC-GRPO's setting: G=2+1 samples, median baseline, the pivot dropped;
-- ``grpo_g2``: GRPO at G=2, the comparison MC-GRPO's paper makes (G=2 vs G=8 gap).
+- ``grpo_g2``: GRPO at G=2, the comparison MC-GRPO's paper makes (G=2 vs G=8 gap);
+- ``random_reward``: the control: GRPO as the default, but the reward is a coin flip per
+  (prompt, completion) that ignores correctness (``_runs.random_reward``), so what it gains
+  is what the update gains without the verifier's signal (sharpening, clipping bias).
 
 Seeds change prompt draws and sampling, not the warm start. ``grpo_heldout_gain`` is the
 grpo configuration's held-out accuracy after its last step minus after the warm start, in
@@ -50,6 +54,7 @@ CONFIGS: dict[str, list[str]] = {
              "dynamic_sampling.max_rounds=3"],
     "mc_grpo_g2": ["group.n=3", "grpo.advantage=mc_grpo"],
     "grpo_g2": ["group.n=2"],
+    "random_reward": ["verify.scorer=_runs:random_reward"],
 }
 """Configuration name -> ``--set`` overrides of the default pipeline."""
 
@@ -108,7 +113,7 @@ def table(summary: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    _runs.add_common_args(ap, list(CONFIGS), steps=30, every=10)
+    _runs.add_common_args(ap, list(CONFIGS), steps=40, every=10)
     args = ap.parse_args()
     names = _runs.config_names(args, list(CONFIGS))
     started = time.perf_counter()

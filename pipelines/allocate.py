@@ -10,7 +10,7 @@ towards hard prompts, at the same cost.
 
 from gfcr import Pipeline
 from stages import GRPO, GroupSample, RolloutAllocator, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="allocate",
@@ -26,6 +26,6 @@ pipeline = Pipeline(
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter and Train
         Verify(),
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

@@ -12,7 +12,7 @@ went.
 from gfcr import Pipeline
 from stages import (GRPO, ActivePartialRollouts, GroupSample, RecyclePartials,
                     UniformSampler, Verify)
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="april",
@@ -29,6 +29,6 @@ pipeline = Pipeline(
         GroupSample(n=8, temperature=1.0, max_tokens=8, segment_tokens=2),
         # --- Filter and Train: only complete groups get here
         Verify(),
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

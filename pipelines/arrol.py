@@ -10,7 +10,7 @@ pruned until the sides are even, at most half of a group. The step metrics
 
 from gfcr import Pipeline
 from stages import GRPO, GroupSample, OnlinePrune, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="arrol",
@@ -26,6 +26,6 @@ pipeline = Pipeline(
         GroupSample(n=8, temperature=1.0, max_tokens=8, segment_tokens=2),
         # --- Filter and Train: survivors are scored and trained as (smaller) groups
         Verify(),
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

@@ -9,7 +9,7 @@ spreads 128 samples over the 16 prompts where the pass-rate posterior is least c
 
 from gfcr import Pipeline
 from stages import GRPO, GroupSample, RolloutAllocator, TokenBudget, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="budget",
@@ -26,6 +26,6 @@ pipeline = Pipeline(
         GroupSample(n=8, temperature=1.0, max_tokens=8, segment_tokens=2),
         # --- Filter and Train
         Verify(),
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

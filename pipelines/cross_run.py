@@ -11,7 +11,7 @@ name the store and run they came from in the extra column ``replay_source``. Poi
 from gfcr import Pipeline
 from stages import (GRPO, CrossRunReplay, DynamicSampling, GroupSample, UniformSampler,
                     Verify)
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="cross_run",
@@ -28,6 +28,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; shared rows are off-policy, corrected by their stored logprobs
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

@@ -9,7 +9,7 @@ kept rows train on the whole-group advantages D³S chose them on (``d3s_advantag
 
 from gfcr import Pipeline
 from stages import D3S, GRPO, GroupSample, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="d3s",
@@ -25,6 +25,6 @@ pipeline = Pipeline(
         Verify(),
         D3S(keep=0.5, token_keep=0.5, relax_steps=40),
         # --- Train
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

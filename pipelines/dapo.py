@@ -10,7 +10,7 @@ continuous; dynamic sampling judges groups by their spread, so that is fine.
 
 from gfcr import Pipeline
 from stages import GRPO, DynamicSampling, GroupSample, Overlong, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="dapo",
@@ -27,6 +27,6 @@ pipeline = Pipeline(
         Overlong(mode="penalty", max_tokens=8, buffer=4),
         DynamicSampling(mode="refill", min_groups=16, max_rounds=3),
         # --- Train: clip-higher (0.2 / 0.28), loss averaged over tokens
-        GRPO(clip_low=0.2, clip_high=0.28, aggregation="token_mean"),
+        GRPO(lr=LR, clip_low=0.2, clip_high=0.28, aggregation="token_mean"),
     ],
 )

@@ -10,7 +10,7 @@ Replay tops the batch up to 16 groups with signal from the last 4 steps.
 
 from gfcr import Pipeline
 from stages import DOTS, GRPO, DynamicSampling, GroupSample, RolloutReplay, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="dots_rr",
@@ -27,6 +27,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

@@ -10,7 +10,7 @@ Forced tokens are marked in ``hint_tokens`` for the trainer to mask, seeded prom
 from gfcr import Pipeline
 from stages import (GRPO, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
                     Hints, UniformSampler, Verify)
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="hints",
@@ -29,6 +29,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

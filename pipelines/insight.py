@@ -9,7 +9,7 @@ drawn each step — before any rollout, so no compute goes to groups known to be
 
 from gfcr import Pipeline
 from stages import GRPO, DynamicSampling, GroupSample, InSight, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="insight",
@@ -25,6 +25,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

@@ -10,7 +10,7 @@ Lineage is in the store: ``parent_id`` and ``branch_pos`` of every branch.
 
 from gfcr import Pipeline
 from stages import GRPO, DynamicSampling, TreeRollout, UniformSampler, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="latr",
@@ -26,6 +26,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

@@ -9,7 +9,7 @@ exploration so no bin is starved.
 
 from gfcr import Pipeline
 from stages import GRPO, DynamicSampling, GroupSample, PromptGDRO, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="prompt_gdro",
@@ -25,6 +25,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

@@ -10,7 +10,7 @@ The count each correct rollout was ranked by is stored in ``format_errors``.
 from gfcr import Pipeline
 from stages import (GRPO, DynamicSampling, GroupSample, ResampleOnCorrect, UniformSampler,
                     Verify)
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="roc",
@@ -27,6 +27,6 @@ pipeline = Pipeline(
         ResampleOnCorrect(group_size=8),
         DynamicSampling(),
         # --- Train
-        GRPO(),
+        GRPO(lr=LR),
     ],
 )

@@ -12,7 +12,7 @@ replay/staleness_* every step.
 from gfcr import Pipeline
 from stages import (GRPO, DynamicSampling, GroupSample, RolloutReplay, UniformSampler,
                     Verify)
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="rollout_replay",
@@ -29,6 +29,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: GRPO; replayed rows are off-policy, corrected by their stored logprobs
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

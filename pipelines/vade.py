@@ -10,7 +10,7 @@ rolling out and discarding flat groups.
 
 from gfcr import Pipeline
 from stages import GRPO, VADE, DynamicSampling, GroupSample, Verify
-from pipelines.default import SETUP
+from pipelines.default import LR, SETUP
 
 pipeline = Pipeline(
     name="vade",
@@ -26,6 +26,6 @@ pipeline = Pipeline(
         Verify(),
         DynamicSampling(),
         # --- Train: group-normalised advantages, clipped policy gradient
-        GRPO(lr=1e-4),
+        GRPO(lr=LR),
     ],
 )

@@ -63,8 +63,9 @@ class GRPO(StageSpec):
 
     type: Literal["grpo"] = "grpo"
     lr: float = Field(1e-4, gt=0.0)
-    """Peak learning rate. Tuned for the embedded default (0.67M tiny Llama); 3e-4 and
-    above collapsed there."""
+    """Peak learning rate. The ready pipelines use 1e-5 (``pipelines.default.LR``): on the
+    embedded default's 0.67M tiny Llama 1e-4 loses ~10 points of held-out accuracy in 10
+    steps (BENCHMARKS.md, "Learning")."""
     advantage: str = "grpo"
     """Name in the advantage registry (stages.train.advantages), e.g. grpo, drgrpo, rloo,
     gdpo (per-component normalisation of the ``rewards`` map)."""
