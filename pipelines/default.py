@@ -1,4 +1,4 @@
-"""The embedded default: GRPO on three-term one-digit sums with a tiny Llama, on a laptop CPU.
+"""The embedded default: GRPO on three-term one-digit sums with a tiny Llama, on a CPU.
 
 A reasoning-gym procedural task (``chain_sum``: "State the final answer to the following
 arithmetic problem: 4 + 7 - 2 =") whose own scorer is the verifier; a ~0.7M-parameter
