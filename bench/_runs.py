@@ -8,6 +8,7 @@ bench/store.py would shadow the ``store`` package).
 
 
 import hashlib
+import json
 import sys
 import tempfile
 import time
@@ -94,6 +95,19 @@ def add_common_args(ap: Any, configs: list[str], *, steps: int, every: int) -> N
     ap.add_argument("--lr", type=float, default=None, help="override the GRPO learning rate")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+
+
+def settings(args: Any) -> dict[str, str]:
+    """The command's options as strings, for the JSON object (not --json or --out)."""
+    return {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")}
+
+
+def emit(result: dict[str, Any], args: Any, text: Callable[[], str]) -> None:
+    """Write ``result`` to ``--out`` if given; print it as JSON with ``--json``, else
+    print ``text()`` (the table and its summary line)."""
+    if args.out:
+        args.out.write_text(json.dumps(result))
+    print(json.dumps(result) if args.json else text())
 
 
 def config_names(args: Any, known: list[str]) -> list[str]:

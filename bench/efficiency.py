@@ -33,7 +33,6 @@ two-term 1-2 digit sums, on which plain GRPO gained nothing to measure against.)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -133,18 +132,14 @@ def main() -> None:
                           prefix="gfcr-efficiency-")
     summary = summarise(runs)
     savings = [e["token_saving"] for n, e in summary.items() if n != "grpo" and e["token_saving"] is not None]
-    result = {"best_token_saving": max(savings) if savings else None, "gain_points": args.gain,
-              "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")},
-              "seconds": time.perf_counter() - started, "configurations": summary}
-    if args.out:
-        args.out.write_text(json.dumps(result))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(table(summary, args.gain))
-        best = result["best_token_saving"]
-        print(f"best token saving: {'-' if best is None else f'{best:.0%}'} (target >= 25%); "
-              f"{result['seconds']:.0f}s in all")
+    best = max(savings) if savings else None
+    result = {"best_token_saving": best, "gain_points": args.gain,
+              "settings": _runs.settings(args), "seconds": time.perf_counter() - started,
+              "configurations": summary}
+    _runs.emit(result, args, lambda: (
+        f"{table(summary, args.gain)}\nbest token saving: "
+        f"{'-' if best is None else f'{best:.0%}'} (target >= 25%); "
+        f"{result['seconds']:.0f}s in all"))
 
 
 if __name__ == "__main__":

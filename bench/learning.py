@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -121,16 +120,11 @@ def main() -> None:
                           prefix="gfcr-learning-")
     summary = summarise(runs)
     result = {"grpo_heldout_gain": summary["grpo"]["gain_points_mean"],
-              "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "out")},
-              "seconds": time.perf_counter() - started, **summary}
-    if args.out:
-        args.out.write_text(json.dumps(result))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(table(summary))
-        print(f"grpo_heldout_gain: {result['grpo_heldout_gain']:+.1f} points "
-              f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all")
+              "settings": _runs.settings(args), "seconds": time.perf_counter() - started,
+              **summary}
+    _runs.emit(result, args, lambda: (
+        f"{table(summary)}\ngrpo_heldout_gain: {result['grpo_heldout_gain']:+.1f} points "
+        f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all"))
 
 
 if __name__ == "__main__":
