@@ -8,12 +8,12 @@ recorded in ``score_error`` on that rollout, and the rollout is dropped
 
 from __future__ import annotations
 
-import threading
 from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
+from gfcr.helper import call_with_timeout
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter.verifiers import CodeTests, Scorer, Verifier, VerifierSpec, from_shorthand
@@ -28,8 +28,8 @@ class Verify(StageSpec):
     e.g. reasoning-gym's ``score_answer``), ``"math"``, ``"exact"``, ``"code"``,
     ``"regex:<pattern>"`` or ``"module:function"`` naming ``(completion, answer, meta) ->
     float``. ``timeout`` bounds each call in seconds; a call past it is recorded as a
-    ``TimeoutError`` and left to finish in a daemon thread (an in-process call cannot be
-    killed; code verifiers run in the sandbox, which can).
+    ``TimeoutError`` and left to finish on its helper thread (:mod:`gfcr.helper`; an
+    in-process call cannot be killed; code verifiers run in the sandbox, which can).
 
     >>> Verify()
     Verify(name=None, type='verify', scorer='task', on_error='drop', timeout=10.0)
@@ -91,10 +91,7 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
         except BaseException as err:  # noqa: BLE001 - a user's scorer may raise anything
             box["error"] = f"{type(err).__name__}: {err}"[:500]
 
-    worker = threading.Thread(target=call, daemon=True, name="gfcr-verify")
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
+    if not call_with_timeout(call, timeout):
         return 0.0, f"TimeoutError: scorer ran past timeout={timeout!r}s"
     if "error" in box:
         return 0.0, box["error"]
