@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gfcr.engine import Decision, Engine, Flight, GenRequest, Inflight, SamplingParams
+from gfcr.helper import charging
 from gfcr.metrics import rollout_metrics
 from gfcr.pipeline import Pipeline
 from gfcr.rollout import PROMPT_SCHEMA, col, conform
@@ -87,6 +88,33 @@ class StepReport:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     rollouts: TableRef | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each stage's own work, on the thread that ran it (its wall seconds
+    are the ``time/<stage>`` metrics): what is left of the step is the runtime's."""
+
+
+class StageClock:
+    """Wall and CPU seconds of the stage calls of one step, summed per stage over refill
+    rounds. It times the stage's own work inside whatever the executor wraps around it
+    (a Prefect task run, staging), so the step's time minus the stages' is the
+    runtime's share (bench/_overhead.py). CPU is the calling thread's plus what helper
+    threads spent on the stage's calls (gfcr.helper)."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def timed(self, label: str, fn: Callable) -> Callable:
+        def run(*args: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            with charging() as helpers:
+                try:
+                    return fn(*args)
+                finally:
+                    cpu = time.thread_time() - cpu + helpers[0]
+                    self.wall[label] = self.wall.get(label, 0.0) + time.perf_counter() - wall
+                    self.cpu[label] = self.cpu.get(label, 0.0) + cpu
+        return run
 
 
 def context(rt: Runtime, run_id: str, step: int) -> StepContext:
@@ -101,7 +129,8 @@ MAX_ROUNDS = 16
 
 def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     """Run one step; every stage call goes through ``call``."""
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), StageClock()
+    commit_call, call = call, _clocked(call, clock)  # the commit is the runtime's, untimed
     ctx = context(rt, run_id, step)
     ref, rounds = _round(rt, ctx, call), 1
     while rounds < MAX_ROUNDS:
@@ -122,11 +151,19 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         metrics.update(train_metrics)
     metrics.update(rollout_metrics(rt.stash.get(ref)))
     metrics["policy_version"] = float(rt.engine.version)
+    metrics.update({f"time/{label}": seconds for label, seconds in clock.wall.items()})
     metrics["step_seconds"] = time.perf_counter() - started
     if rt.commit is not None:
         commit = _commit_fn(rt, run_id, step, dict(metrics), rt.engine.version)
-        (rt.background or call)(f"commit[step={step}]", commit, ref)
-    return StepReport(step=step, metrics=metrics, rollouts=ref)
+        (rt.background or commit_call)(f"commit[step={step}]", commit, ref)
+    return StepReport(step=step, metrics=metrics, rollouts=ref, cpu=dict(clock.cpu))
+
+
+def _clocked(call: Call, clock: StageClock) -> Call:
+    """``call`` that times each stage's own work (the label before ``[``) on ``clock``."""
+    def timed_call(name: str, fn: Callable, *args: Any) -> Any:
+        return call(name, clock.timed(name.split("[", 1)[0], fn), *args)
+    return timed_call
 
 
 def _round(rt: Runtime, ctx: StepContext, call: Call) -> TableRef:

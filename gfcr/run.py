@@ -47,8 +47,9 @@ class Hook(Protocol):
     """
 
     def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool,
-                 **kw: Any) -> None:
-        """``resumed``: the run id is an existing run, which this call continues."""
+                 store: Any, **kw: Any) -> None:
+        """``resumed``: the run id is an existing run, which this call continues;
+        ``store``: the run's open RolloutStore."""
 
     def on_resume(self, *, step: int, path: Path, **kw: Any) -> None:
         """A resumed run loaded the checkpoint after ``step`` from ``path``."""
@@ -56,9 +57,11 @@ class Hook(Protocol):
     def on_phase(self, *, phase: str, **kw: Any) -> None: ...
 
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
-                **kw: Any) -> None:
+                cpu: dict[str, float], **kw: Any) -> None:
         """``replayed``: a step of a resumed run that was committed before (see
-        gfcr.resume); its metrics were reported when it first ran."""
+        gfcr.resume); its metrics were reported when it first ran. ``cpu``: each stage's
+        CPU seconds (gfcr.loop.StepReport.cpu); its wall seconds are ``time/<stage>``
+        metrics."""
 
     def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None: ...
 
@@ -160,7 +163,8 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
-        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed)
+        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
+              store=store)
         status, commits = "failed", BackgroundCommits(start)
         try:
             rt, policy = _build(pipeline, run_id, stash, store, commits)
@@ -271,7 +275,8 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
             checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
             spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
             engine=run.rt.engine, progress=progress, keep=p.checkpoint.keep).path))
-    _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed)
+    _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed,
+          cpu=report.cpu)
 
 
 def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any,

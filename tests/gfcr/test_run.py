@@ -44,6 +44,25 @@ def test_local_run_stores_every_rollout(tmp_path):
     assert runs == [{"status": "finished"}]
 
 
+def test_steps_report_the_time_of_each_stage(tmp_path):
+    class Steps:
+        def __init__(self):
+            self.seen = []
+
+        def on_step(self, *, metrics, cpu, **_):
+            self.seen.append((metrics, cpu))
+
+    pipeline, steps = tiny_pipeline(task=Digits()), Steps()
+    execute(pipeline, root=tmp_path, executor="local", hooks=[steps])
+    labels = {s.label for s in pipeline.stages}
+    assert len(steps.seen) == pipeline.steps
+    for metrics, cpu in steps.seen:
+        wall = {k.removeprefix("time/"): v for k, v in metrics.items() if k.startswith("time/")}
+        assert set(wall) == set(cpu) == labels  # the commit is the runtime's, not a stage
+        assert all(v > 0 for v in wall.values()) and all(v >= 0 for v in cpu.values())
+        assert sum(wall.values()) <= metrics["step_seconds"]
+
+
 def test_prefect_executor_matches_local(tmp_path, pipeline, prefect_server):
     local = execute(pipeline, root=tmp_path / "a", executor="local")
     flow = execute(pipeline, root=tmp_path / "b", executor="prefect")
