@@ -131,6 +131,28 @@ def test_a_crash_after_the_last_checkpoint_replays_committed_steps_once(tmp_path
     assert logged == [0, 1, 2, 3, 4]  # step 2 logged once, before the crash
 
 
+def test_a_resume_logs_the_steps_a_killed_run_left_out_of_mlflow(tmp_path):
+    import mlflow
+
+    p = _pipeline(4, every=2)
+    killed = MlflowHook(flush_seconds=3600)  # holds every step's metrics until the end
+    killed.on_end = lambda **_: mlflow.end_run("KILLED")  # killed: no final batch
+    with pytest.raises(Crash):
+        execute(p, root=tmp_path, executor="local", run_id="b", hooks=[killed, CrashAt(2)])
+    client = MlflowClient(tracking_uri=killed.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert client.get_metric_history(run.info.run_id, "reward_mean") == []
+
+    summary = execute(p, root=tmp_path, executor="local", run_id="b", hooks=[MlflowHook()])
+    assert summary.resumed_from == 1  # step 2 is replayed, steps 0-1 are not run again
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert [m.step for m in history] == [0, 1, 2, 3]  # each once
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        stored = s.sql("SELECT step, metrics['reward_mean'] AS r FROM steps "
+                       "WHERE run_id = 'b' ORDER BY step").column("r").to_pylist()
+    assert [m.value for m in history] == stored
+
+
 def test_resuming_with_a_changed_pipeline_is_refused_and_writes_nothing(tmp_path):
     execute(_pipeline(2), root=tmp_path, executor="local", run_id="b")
     with RolloutStore.open(tmp_path / "store", read_only=True) as s:
