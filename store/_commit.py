@@ -41,18 +41,16 @@ def commit_message(run_id: str, step: int) -> str:
     return f"step {step} of run {run_id}"
 
 
-def stage_async(catalog: Catalog, table: pa.Table) -> Callable[[], Path | None]:
-    """Start writing ``table``'s staged file in a thread; return a function that waits for it.
+def stage_async(catalog: Catalog, table: pa.Table,
+                pool: ThreadPoolExecutor) -> Callable[[], Path | None]:
+    """Start writing ``table``'s staged file on ``pool``; return a function that waits for it.
 
     pyarrow releases the GIL while writing, so the file is written while the commit
     transaction begins and checks the step (the catalog round trips), not after.
     """
     if table.num_rows < STAGE_MIN_ROWS or "://" in catalog.data_path:
         return lambda: None
-    pool = ThreadPoolExecutor(1, thread_name_prefix="gfcr-stage")
-    future = pool.submit(stage, catalog, table)
-    pool.shutdown(wait=False)  # returns at once; the thread ends when the file is written
-    return future.result
+    return pool.submit(stage, catalog, table).result
 
 
 def stage(catalog: Catalog, table: pa.Table) -> Path:
@@ -82,16 +80,18 @@ def is_committed(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> bool
 
 
 def body(con: duckdb.DuckDBPyConnection, table: pa.Table, step_row: pa.Table,
-         staged_file: Callable[[], Path | None]) -> bool:
+         staged_file: Callable[[], Path | None], *, evolve: bool = True) -> bool:
     """Inside a transaction: write the step unless its ``steps`` row exists. True if written.
 
     ``staged_file`` returns the step's staged Parquet file (None: INSERT instead).
+    ``evolve=False`` skips matching the table's columns against the store's (two catalog
+    queries), for a schema this connection has committed before.
     """
     run_id, step = step_row["run_id"][0].as_py(), step_row["step"][0].as_py()
     if is_committed(con, run_id, step):
         return False
     staged = staged_file()
-    for statement in _tables.evolve_sql(con, table):
+    for statement in _tables.evolve_sql(con, table) if evolve else ():
         con.execute(statement)
     if staged is None:
         con.register("_gfcr_batch", table)
