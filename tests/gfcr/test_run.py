@@ -71,6 +71,8 @@ def test_prefect_executor_matches_local(tmp_path, pipeline, prefect_server):
     assert a == b
     assert flow.accuracy_after == local.accuracy_after
     assert not (tmp_path / "b" / "staging" / flow.run_id).exists()
+    timed = {k for m in flow.history for k in m if k.startswith("time/")}  # inside the tasks
+    assert timed == {f"time/{s.label}" for s in pipeline.stages}
 
 
 def test_prefect_flow_has_one_task_per_stage_per_step(tmp_path, pipeline, prefect_server):
