@@ -226,5 +226,6 @@ def main(argv: list[str] | None = None) -> None:
     if overhead:
         _print_overhead(overhead, args.overhead_steps - 2)
 
+
 if __name__ == "__main__":
     main()

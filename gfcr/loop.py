@@ -111,10 +111,13 @@ class StageClock:
                 try:
                     return fn(*args)
                 finally:
-                    cpu = time.thread_time() - cpu + helpers[0]
-                    self.wall[label] = self.wall.get(label, 0.0) + time.perf_counter() - wall
-                    self.cpu[label] = self.cpu.get(label, 0.0) + cpu
+                    self._add(label, time.perf_counter() - wall,
+                              time.thread_time() - cpu + helpers[0])
         return run
+
+    def _add(self, label: str, wall: float, cpu: float) -> None:
+        self.wall[label] = self.wall.get(label, 0.0) + wall
+        self.cpu[label] = self.cpu.get(label, 0.0) + cpu
 
 
 def context(rt: Runtime, run_id: str, step: int) -> StepContext:

@@ -12,7 +12,7 @@ step's ``steps`` row holds its metrics); the steps it replays are not logged aga
 Step metrics are written in batches, at most one every ``flush_seconds`` (and at each
 evaluation and the run's end), by MLflow's asynchronous logging (a background thread)
 while the loop goes on. In a default run (a step is about a second) MLflow's writer
-spent ~15 ms of CPU a step on a batch a step, and 2-4 ms a step on batches of ten
+spent 10-15 ms of CPU a step on a batch a step, and 2-4 ms a step on batches of ten
 (bench/engine.py, the runtime's CPU by thread). The hook waits for one batch before
 handing over the next and before the run ends, so a logging error surfaces at most one
 batch late. A killed process loses from MLflow at most the batch not yet written, which
