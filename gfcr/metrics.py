@@ -86,5 +86,3 @@ def _counts(column: pa.ChunkedArray) -> dict[str, int]:
     counts = pc.value_counts(column.combine_chunks()) if len(column) else []
     return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()} if len(column) else {}
 
-
-# --------------------------------------------------------------------------- evaluation

@@ -9,9 +9,9 @@ it); then GRPO with dynamic sampling. ``gfcr run`` runs it.
 Why this task: after the warm start the policy is right on most held-out prompts
 greedily (72-78%: float rounding differs by CPU model) and samples the right answer at
 temperature 1 about half the time, so a group of 8 nearly always has signal and GRPO
-raises held-out accuracy. On two-term 1-2
-digit sums the same policy reaches ~10-14% after the warm start, samples ~7% correct,
-and every GRPO-family estimator lost held-out accuracy (BENCHMARKS.md, "Learning").
+raises held-out accuracy. On two-term 1-2 digit sums the same policy reaches ~10-14%
+after the warm start, samples ~7% correct, and every GRPO-family estimator lost
+held-out accuracy (BENCHMARKS.md, "Learning").
 """
 
 from gfcr import Evaluation, Pipeline
