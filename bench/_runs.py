@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from gfcr import Pipeline, Spec, register
-from gfcr.pipeline import load
+from gfcr.loading import load
 from gfcr.run import execute
 from stages import SFT
 
@@ -28,11 +28,16 @@ class SharedWarmStart(Spec):
 
     type: Literal["_bench_shared_sft"] = "_bench_shared_sft"
     sft: SFT = SFT()
+    """The warm start's settings."""
     seed: int = 0
+    """The warm start's own seed, whatever the run's."""
     cache: str = ".gfcr/cache"
+    """The cache folder every run shares."""
 
-    def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path) -> dict[str, float]:
-        return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache))
+    def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache),
+                            progress=progress)
 
 
 def random_reward(completion: str, answer: str | None, meta: str | None) -> float:
@@ -110,10 +115,10 @@ def emit(result: dict[str, Any], args: Any, text: Callable[[], str]) -> None:
     print(json.dumps(result) if args.json else text())
 
 
-def config_names(args: Any, known: list[str]) -> list[str]:
+def config_names(args: Any, known: list[str], baseline: bool = True) -> list[str]:
     """``--configs`` as a list; exits naming the problem unless it includes the "grpo"
-    baseline and names only ``known`` configurations."""
+    baseline (when ``baseline``) and names only ``known`` configurations."""
     names = [n for n in args.configs.split(",") if n]
-    if sorted(set(names) - set(known)) or "grpo" not in names:
+    if sorted(set(names) - set(known)) or (baseline and "grpo" not in names):
         sys.exit(f"--configs must include grpo and name only {sorted(known)}; got {names!r}")
     return names

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gfcr.pipeline import load
+from gfcr.loading import load
 from gfcr.rollout import col
 from gfcr.stage import StepContext
 from stages import GroupSample, TreeRollout

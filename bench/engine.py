@@ -43,9 +43,11 @@ _spec = importlib.util.spec_from_file_location("_overhead", _HERE / "_overhead.p
 _overhead = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_overhead)
 runtime_overhead = _overhead.runtime_overhead
+_vspec = importlib.util.spec_from_file_location("_vllm_bench", _HERE / "_vllm.py")
+_vllm = importlib.util.module_from_spec(_vspec)
 
 from gfcr.engine import GenRequest, SamplingParams
-from gfcr.pipeline import load
+from gfcr.loading import load
 from stages.engines.hf import HF
 from stages.engines.tiny import TinyLlama
 
@@ -204,6 +206,11 @@ def main(argv: list[str] | None = None) -> None:
                              "engine_vs_generate and runtime_overhead")
     parser.add_argument("--overhead-steps", type=int, default=12,
                         help="steps of the default pipeline for the runtime overhead")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also vllm_vs_raw, vllm_vs_hf and a default step on each "
+                             "engine (bench/_vllm.py; needs vLLM)")
+    parser.add_argument("--vllm-steps", type=int, default=6,
+                        help="default-pipeline steps per engine for the step time")
     parser.add_argument("--skip-overhead", action="store_true",
                         help="skip the runtime-overhead measurement")
     args = parser.parse_args(argv)
@@ -217,14 +224,30 @@ def main(argv: list[str] | None = None) -> None:
     default = rows[names[0]]
     overhead = None if args.skip_overhead else runtime_overhead(
         load("default"), steps=args.overhead_steps, clock=args.clock)
+    vllm = _vllm_figures(args)
     if args.json:
         print(json.dumps({"engine_vs_generate": round(default["ratio"], 3),
                           "runtime_overhead": overhead and round(overhead["runtime_overhead"], 4),
+                          **({"vllm_vs_raw": vllm["vllm_vs_raw"], "vllm_vs_hf": vllm["vllm_vs_hf"],
+                              "vllm": vllm} if vllm else {}),
                           "rows": rows, "overhead": overhead}, default=str))
         return
     _print_table(rows)
     if overhead:
         _print_overhead(overhead, args.overhead_steps - 2)
+    if vllm:
+        _vllm.print_figures(vllm)
+
+
+def _vllm_figures(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.vllm:
+        return None
+    import tempfile
+    _vspec.loader.exec_module(_vllm)
+    with tempfile.TemporaryDirectory(prefix="gfcr-bench-vllm-") as root:
+        return _vllm.figures(_prompts(args.prompts, 70, 0), new_tokens=args.new_tokens,
+                             repeats=args.repeats, steps=args.vllm_steps, root=Path(root),
+                             clock=args.clock)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ steps and at the end:
 - ``grpo_g2``: GRPO at G=2, the comparison MC-GRPO's paper makes (G=2 vs G=8 gap);
 - ``random_reward``: the control: GRPO as the default, but the reward is a coin flip per
   (prompt, completion) that ignores correctness (``_runs.random_reward``), so what it gains
-  is what the update gains without the verifier's signal (sharpening, clipping bias).
+  is what the update gains without the verifier's signal (sharpening, clipping bias);
+- ``vllm``: the default (grpo) on the vLLM engine (``engine=vllm``; vLLM's CPU build here)
+  instead of the HF one: same stages, same warm start, its gain should be within noise.
 
 Seeds change prompt draws and sampling, not the warm start. ``grpo_heldout_gain`` is the
 grpo configuration's held-out accuracy after its last step minus after the warm start, in
@@ -43,7 +45,7 @@ _spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name
 _runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_runs)
 
-from gfcr.pipeline import load  # noqa: E402
+from gfcr.loading import load  # noqa: E402
 
 CONFIGS: dict[str, list[str]] = {
     "grpo": [],
@@ -54,6 +56,7 @@ CONFIGS: dict[str, list[str]] = {
     "mc_grpo_g2": ["group.n=3", "grpo.advantage=mc_grpo"],
     "grpo_g2": ["group.n=2"],
     "random_reward": ["verify.scorer=_runs:random_reward"],
+    "vllm": ["engine=vllm"],
 }
 """Configuration name -> ``--set`` overrides of the default pipeline."""
 
@@ -114,16 +117,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     _runs.add_common_args(ap, list(CONFIGS), steps=40, every=10)
     args = ap.parse_args()
-    names = _runs.config_names(args, list(CONFIGS))
+    names = _runs.config_names(args, list(CONFIGS), baseline=False)
     started = time.perf_counter()
     runs = _runs.all_runs(names, args.seeds, lambda n, seed, root: one_run(n, seed, args, root),
                           prefix="gfcr-learning-")
     summary = summarise(runs)
-    result = {"grpo_heldout_gain": summary["grpo"]["gain_points_mean"],
+    result = {"grpo_heldout_gain": summary.get("grpo", {}).get("gain_points_mean"),
               "settings": _runs.settings(args), "seconds": time.perf_counter() - started,
               **summary}
     _runs.emit(result, args, lambda: (
-        f"{table(summary)}\ngrpo_heldout_gain: {result['grpo_heldout_gain']:+.1f} points "
+        f"{table(summary)}\ngrpo_heldout_gain: {result['grpo_heldout_gain'] or 0:+.1f} points "
         f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all"))
 
 

@@ -66,7 +66,8 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from gfcr.loop import Runtime, run_step  # noqa: E402
-from gfcr.pipeline import Pipeline, load  # noqa: E402
+from gfcr.pipeline import Pipeline
+from gfcr.loading import load  # noqa: E402
 from gfcr.rollout import col  # noqa: E402
 from gfcr.stash import MemoryStash  # noqa: E402
 from stages.engines.hf import batch_token_logprobs  # noqa: E402

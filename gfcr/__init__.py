@@ -6,7 +6,8 @@ needs them.
 
 from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
                          Tokenizer)
-from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError, load
+from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
+from gfcr.loading import load
 from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
 from gfcr.run import RunSummary, execute
 from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,

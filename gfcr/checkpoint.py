@@ -41,6 +41,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gfcr.capabilities import EngineRng
+
 FORMAT = 1
 WEIGHTS, STATE, PROGRESS, MANIFEST, MARKER = (
     "model.safetensors", "state.pt", "progress.json", "manifest.json", "COMPLETE")
@@ -179,7 +181,6 @@ def _rng_state(engine: Any) -> dict[str, Any]:
     import torch
 
     np_state = np.random.get_state(legacy=False)
-    get_engine = getattr(engine, "get_rng_state", None)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -188,7 +189,7 @@ def _rng_state(engine: Any) -> dict[str, Any]:
                   "pos": int(np_state["state"]["pos"]),
                   "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
         "python": random.getstate(),
-        "engine": get_engine() if callable(get_engine) else None,
+        "engine": engine.get_rng_state() if isinstance(engine, EngineRng) else None,
     }
 
 
@@ -236,6 +237,7 @@ def restore(ckpt: Checkpoint, *, policy: Any, learner: Any, engine: Any) -> dict
         raise CheckpointError(f"cannot load checkpoint {str(ckpt.path)!r}: {err}") from err
     _load_learner(ckpt, learner, state["learner"], policy.model)
     _set_rng_state(state["rng"], engine)
+    engine.update_weights()  # an engine holding its own copy (vLLM) loads the weights too
     policy.version = ckpt.manifest.policy_version
     return progress
 
@@ -267,6 +269,5 @@ def _set_rng_state(rng: dict[str, Any], engine: Any) -> None:
                          "gauss": n["gauss"], "state": {
                              "key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
     random.setstate(rng["python"])
-    set_engine = getattr(engine, "set_rng_state", None)
-    if rng["engine"] is not None and callable(set_engine):
-        set_engine(rng["engine"])
+    if rng["engine"] is not None and isinstance(engine, EngineRng):
+        engine.set_rng_state(rng["engine"])

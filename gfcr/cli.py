@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
+
+from gfcr import cli_deploy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -30,8 +31,15 @@ def quiet_prefect(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # the console shows gfcr's own progress and errors (gfcr.cli_errors); Prefect's lines
+    # (a failed task's traceback, once per retry) only with --verbose or --debug
+    if not verbose and os.environ.get("GFCR_DEBUG") != "1":
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
+STORE_HELP = ("Store folder, or postgresql://HOST/DB?data_path=SHARED_FOLDER (default "
+              "ROOT/store).")
+TRACKING_HELP = "MLflow tracking URI, e.g. http://HOST:5000 (default: SQLite under ROOT)."
 RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume'). Without "
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
@@ -47,37 +55,50 @@ def run(
     resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help=RESUME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
     root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+    store: Optional[str] = typer.Option(None, help=STORE_HELP),
+    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
 ) -> None:
-    """Run a pipeline (the embedded default if none is named), or resume a run."""
-    quiet_prefect(verbose)
-    from gfcr.pipeline import PipelineError, load
-    from gfcr.resume import ResumeError
-    from gfcr.run import execute
+    """Run a pipeline (the embedded default if none is named), or resume a run.
 
+    Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
+    quiet_prefect(verbose)
+    from gfcr import cli_run
+    from gfcr.cancel import RunCancelled
+    from gfcr.flow import RunRequest
+    from gfcr.cli_errors import explain
+    from gfcr.names import UnsafeName
+    from gfcr.resume import ResumeError
+    from gfcr.run import new_run_id
+    from store import StoreError
+    from store.lease import LeaseHeld
+
+    spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
+    request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
+                         overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
+                         resume=resume is not None, root=str(root.resolve()), store=store,
+                         tracking=tracking, track=track)
+    from gfcr.progress import ProgressBars
+    bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        spec = _resumed_pipeline(root, resume) if resume else None
-        if pipeline is not None or spec is None:
-            spec = load(pipeline or "default")
-        if set_:
-            spec = spec.with_overrides(set_)
-        if steps is not None:
-            spec = spec.with_overrides([f"steps={steps}"])
-    except (PipelineError, ResumeError) as e:
+        summary = cli_run.run(request, executor, hooks=[bars],
+                              notify=lambda why: err.print(
+                                  f"{why}: stopping after the step under way "
+                                  "(again to stop at once)"))
+    except RunCancelled as e:
+        err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
+    except KeyboardInterrupt:
+        err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
+        raise typer.Exit(130)
+    except (ResumeError, LeaseHeld, UnsafeName, StoreError) as e:
         _fail(str(e))
-    if executor not in ("prefect", "local"):
-        _fail(f"--executor must be 'prefect' or 'local', got {executor!r}")
-    hooks: list[Any] = [_Progress(spec.steps, quiet=as_json)]
-    if track:
-        from gfcr.tracking import MlflowHook
-        hooks.append(MlflowHook())
-    try:
-        summary = execute(spec, root=root, executor=executor, hooks=hooks,  # type: ignore[arg-type]
-                          run_id=resume)
-    except ResumeError as e:
-        _fail(str(e))
+    except Exception as e:  # a read-only or full disk: one paragraph naming the path
+        _fail(explain(e, root.resolve()) or _reraise(e))
+    finally:
+        bars.close()
     if as_json:
         data = summary.as_dict()
         data.pop("history")
@@ -86,15 +107,38 @@ def run(
         _print_summary(summary)
 
 
-def _resumed_pipeline(root: Path, run_id: str) -> Any:
-    """The stored pipeline of ``run_id`` (which must exist) in the store under ``root``."""
-    from gfcr.resume import stored_pipeline
-    from store import RolloutStore, StoreError
+def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
+              resume: Optional[str], root: Path, store: Optional[str], executor: str) -> Any:
+    """The pipeline ``gfcr run`` runs, with its overrides; a clear error otherwise."""
+    from gfcr.executors import named
+    from gfcr.names import UnsafeName, check_run_id
+    from gfcr.pipeline import PipelineError
+    from gfcr.loading import load
+    from gfcr.resume import ResumeError
 
     try:
-        with RolloutStore.open(root / "store", read_only=True, create=False) as s:
+        if resume:
+            check_run_id(resume)
+        spec = _resumed_pipeline(root, store, resume) if resume else None
+        if pipeline is not None or spec is None:
+            spec = load(pipeline or "default")
+        spec = spec.with_overrides(set_ + ([f"steps={steps}"] if steps is not None else []))
+        named(executor)
+    except (PipelineError, ResumeError, UnsafeName, ValueError) as e:
+        _fail(str(e))
+    return spec
+
+
+def _resumed_pipeline(root: Path, store: Optional[str], run_id: str) -> Any:
+    """The stored pipeline of ``run_id`` (which must exist) in the store."""
+    from gfcr.resume import stored_pipeline
+    from gfcr.storage import backend
+
+    lake = backend()
+    try:
+        with lake.open(store or root / "store", read_only=True, create=False) as s:
             return stored_pipeline(s, run_id)
-    except StoreError as e:
+    except lake.errors as e:
         _fail(f"--resume {run_id!r}: {e}")
 
 
@@ -106,24 +150,41 @@ def sql(
     fmt: str = typer.Option("table", "--format", help="table, csv or json."),
 ) -> None:
     """Query the rollout store (tables rollouts, steps, runs and the shipped views)."""
-    from store import ReadOnlyError, RolloutStore, StoreError
+    from gfcr.cli_sql import QueryFailed, check_format, print_table
+    from gfcr.cli_sql import query as run_query
 
     try:
-        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
-            result = s.sql(query)
-    except (StoreError, ReadOnlyError, ValueError) as e:
+        check_format(fmt)
+        result = run_query(store or root / "store", query)
+    except QueryFailed as e:
         _fail(str(e))
-    except Exception as e:  # duckdb parser/binder errors: show them as they are
-        _fail(f"query failed: {e}")
-    _print_table(result, fmt)
+    except KeyboardInterrupt:
+        err.print("interrupted: the query was stopped")
+        raise typer.Exit(130)
+    print_table(result, fmt, out)
 
 
 @app.command()
 def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
+         store: Optional[str] = typer.Option(None, help=STORE_HELP),
          fmt: str = typer.Option("table", "--format", help="table, csv or json.")) -> None:
-    """List the runs in the store."""
-    sql("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash FROM runs "
-        "ORDER BY started_at", root=root, store=None, fmt=fmt)
+    """List the runs in the store (a run whose process died shows as crashed), with each
+    one's Prefect state when PREFECT_API_URL is set."""
+    from gfcr.cli_sql import QueryFailed, check_format, print_table, runs_table
+    from gfcr.runs_view import with_prefect
+
+    try:
+        check_format(fmt)
+        table, note = with_prefect(runs_table(store or root / "store"))
+    except QueryFailed as e:
+        _fail(str(e))
+    if note and fmt == "table":
+        err.print(note)
+    print_table(table, fmt, out, keep=("run_id",))
+
+
+app.command()(cli_deploy.deploy)
+app.command()(cli_deploy.submit)
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout store.")
@@ -140,12 +201,13 @@ def store_export(
     store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
 ) -> None:
     """Export rows of the store (read-only) to Parquet, JSONL or a Hugging Face dataset."""
-    from store import ReadOnlyError, RolloutStore, StoreError, export
+    from gfcr.storage import backend
 
+    lake = backend()
     try:
-        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
-            path = export(s, dest, format=fmt, table=table, where=where)  # type: ignore[arg-type]
-    except (StoreError, ReadOnlyError, ValueError, FileNotFoundError) as e:
+        with lake.open(store or root / "store", read_only=True, create=False) as s:
+            path = lake.export(s, dest, format=fmt, table=table, where=where)
+    except lake.errors + (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     err.print(f"wrote {path}")
 
@@ -156,12 +218,13 @@ def store_compact(
     store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
 ) -> None:
     """Merge the store's small Parquet files; time travel keeps working."""
-    from store import RolloutStore, StoreError, compact
+    from gfcr.storage import backend
 
+    lake = backend()
     try:
-        with RolloutStore.open(store or root / "store", create=False) as s:
-            result = compact(s)
-    except StoreError as e:
+        with lake.open(store or root / "store", create=False) as s:
+            result = lake.compact(s)
+    except lake.errors as e:
         _fail(str(e))
     err.print(f"data files: {result.files_before} -> {result.files_after}")
 
@@ -186,17 +249,18 @@ def replay_what_if(
     would change (nothing is generated, nothing is written)."""
     from importlib.metadata import entry_points
 
-    from store import RolloutStore, StoreError
+    from gfcr.storage import backend
 
+    lake = backend()
     stages = [_filter_stage(text) for text in filters]
     tools = {ep.name: ep for ep in entry_points(group="gfcr.tools")}
     if "what-if" not in tools:
         _fail("no 'what-if' tool is installed (entry point group 'gfcr.tools'); "
               "reinstall gfcr (pip install -e .)")
     try:
-        with RolloutStore.open(store or root / "store", read_only=True, create=False) as s:
+        with lake.open(store or root / "store", read_only=True, create=False) as s:
             report = tools["what-if"].load()(s, run_id, stages, base=base)
-    except (StoreError, ValueError) as e:
+    except lake.errors + (ValueError,) as e:
         _fail(str(e))
     if as_json:
         print(json.dumps(report.as_dict(), default=str))
@@ -258,10 +322,19 @@ def _print_what_if(report: Any) -> None:
     out.print(steps)
 
 
+def _register_stages() -> None:
+    from gfcr.cli_stages import stages
+    app.command("stages")(stages)
+
+
+_register_stages()
+
+
 @app.command()
 def show(pipeline: str = typer.Argument("default")) -> None:
     """Print a pipeline as YAML (validated), with its spec hash."""
-    from gfcr.pipeline import PipelineError, load
+    from gfcr.pipeline import PipelineError
+    from gfcr.loading import load
 
     try:
         spec = load(pipeline)
@@ -270,25 +343,14 @@ def show(pipeline: str = typer.Argument("default")) -> None:
     print(f"# spec hash {spec.spec_hash()}\n{spec.to_yaml()}", end="")
 
 
+def _reraise(exc: BaseException) -> str:
+    raise exc
+
+
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False,
+              soft_wrap=True)
     raise typer.Exit(2)
-
-
-def _print_table(table: Any, fmt: str) -> None:
-    rows = table.to_pylist()
-    if fmt == "json":
-        print(json.dumps(rows, default=str))
-    elif fmt == "csv":
-        import csv
-        writer = csv.DictWriter(sys.stdout, fieldnames=table.column_names)
-        writer.writeheader()
-        writer.writerows(rows)
-    else:
-        view = Table(*table.column_names)
-        for row in rows:
-            view.add_row(*(str(v) for v in row.values()))
-        out.print(view)
 
 
 def _print_summary(s: Any) -> None:
@@ -307,42 +369,15 @@ def _print_summary(s: Any) -> None:
               f"WHERE run_id = '{s.run_id}' GROUP BY ALL ORDER BY step\"")
 
 
-class _Progress:
-    """Rich progress on stderr: phases, then one bar over the steps."""
+from gfcr import cli_report  # noqa: E402 (report, doctor, duckdb)
 
-    def __init__(self, steps: int, *, quiet: bool) -> None:
-        self.quiet = quiet
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                            disable=quiet)
-        self.task = self.bar.add_task("starting", total=steps)
-
-    def on_start(self, *, run_id: str, resumed: bool = False, **_: Any) -> None:
-        self.bar.start()
-        self.bar.console.print(f"gfcr run [bold]{run_id}[/bold]{' (resumed)' if resumed else ''}")
-
-    def on_resume(self, *, step: int, path: Path, **_: Any) -> None:
-        self.bar.update(self.task, completed=step + 1)
-        self.bar.console.print(f"resumed after step {step} from {path}")
-
-    def on_phase(self, *, phase: str, **_: Any) -> None:
-        self.bar.update(self.task, description=phase)
-
-    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
-        where = "before training" if label == "initial" else f"at step {step}"
-        self.bar.console.print(f"held-out greedy accuracy {where}: {accuracy:.1%}")
-
-    def on_step(self, *, step: int, metrics: dict[str, float], **_: Any) -> None:
-        self.bar.update(self.task, advance=1, description=(
-            f"step {step}  reward {metrics.get('reward_mean', float('nan')):.2f}  "
-            f"kept {metrics.get('kept', 0):.0f}/{metrics.get('rollouts', 0):.0f}"))
-
-    def on_end(self, **_: Any) -> None:
-        self.bar.stop()
+cli_report.register(app)
 
 
 def main() -> None:
-    app()
+    from gfcr.cli_guard import guarded
+
+    guarded(app)
 
 
 if __name__ == "__main__":

@@ -73,10 +73,11 @@ class LazyHistory:
         self._build: Callable[[], Any] | None = build
         self._history: Any = None
 
+    # getattr: a lazy proxy for the step's History: resolves on first use
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_build", "_history"):
             raise AttributeError(name)
-        return getattr(self.resolve(), name)
+        return getattr(self.resolve(), name)  # the proxy's forwarding
 
     def resolve(self) -> Any:
         """The History itself (built now if not yet)."""

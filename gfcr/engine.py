@@ -11,8 +11,9 @@ Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`
 token, taken before top-p truncation: what a teacher-forced forward pass at the same
 temperature computes, so the trainer's ratio is exact. vLLM's processed logprobs are
 renormalised over the nucleus instead; the two agree at ``top_p=1``, which is what a
-training pipeline should sample with. gfcr knows no concrete engine; ``stages/engines`` has the HF transformers one and
-the vLLM one.
+training pipeline should sample with. gfcr knows no concrete engine; ``stages/engines``
+has the HF transformers one and the vLLM one, and ``tests/stages/engines/test_conformance.py``
+is the contract every engine passes.
 """
 
 from __future__ import annotations
@@ -88,12 +89,43 @@ class Inflight:
 Decision = Literal["continue", "stop", "prune"]
 """stop: end the sequence and keep it as a partial rollout; prune: end and discard it."""
 
-SegmentHook = Callable[[list[Inflight]], dict[int, Decision]]
-"""Called after each segment with the unfinished sequences; returns decisions by key.
-Keys not in the result continue. An engine that decodes in waves calls it per wave, and
-before decoding each wave calls the hook's ``wave(keys)`` when it has one (duck-typed),
-with the keys of the requests it starts then (and, with the first, of those that end
-without decoding), so the hook can tell a finished request from one not yet started."""
+@runtime_checkable
+class SegmentHook(Protocol):
+    """What an engine calls while it generates (every engine, the same way).
+
+    - ``wave(keys)``: before decoding requests, the engine names the ones it starts now
+      (an engine that decodes in several waves calls it per wave; the first call also
+      names requests that end without decoding, e.g. no room left). Hooks that count
+      groups use it to tell a finished request from one not yet started.
+    - ``__call__(inflight)``: after every segment of ``segment_tokens`` new tokens, with
+      the unfinished sequences; returns decisions by key (keys left out continue).
+    - ``expect(groups)``: called by a *generate stage*, not the engine, before it
+      generates: request key -> group id, for hooks that count groups (APRIL, ARRoL).
+
+    :class:`FnHook` turns a plain function into one.
+    """
+
+    def __call__(self, inflight: list[Inflight]) -> dict[int, Decision]: ...
+
+    def wave(self, keys: list[int]) -> None: ...
+
+    def expect(self, groups: dict[int, str]) -> None: ...
+
+
+class FnHook:
+    """A :class:`SegmentHook` from a decision function; waves and groups are ignored."""
+
+    def __init__(self, fn: Callable[[list[Inflight]], dict[int, Decision]]) -> None:
+        self.fn = fn
+
+    def __call__(self, inflight: list[Inflight]) -> dict[int, Decision]:
+        return self.fn(inflight)
+
+    def wave(self, keys: list[int]) -> None:
+        """Not needed by a hook that decides from the sequences it is shown."""
+
+    def expect(self, groups: dict[int, str]) -> None:
+        """Not needed by a hook that counts no groups."""
 
 
 @dataclass
@@ -106,9 +138,9 @@ class Flight:
     need the rest: the group of every request (declared by the generate stage), which
     requests have ended and how, and the tokens each has generated in this call. A request
     no longer in flight that no hook stopped or pruned is taken as ``"finished"`` once it
-    has started. An engine that announces its waves (``SegmentHook``; the HF engine does)
-    says which requests have started (``started``), so this is exact over any number of
-    waves: a request of a later wave is pending, not finished. Without announcements every
+    has started. Engines announce their waves (``SegmentHook.wave``, part of the engine
+    contract), so ``started`` says which requests have started and this is exact over any
+    number of waves: a request of a later wave is pending, not finished. Without announcements every
     request counts as started, which is exact only for a call decoded in one wave;
     ``split`` turns True when a request taken as finished shows up in flight later (a
     later wave), and counting hooks must refuse to decide then. Token counts of requests
@@ -195,8 +227,12 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, state: Any | None = None) -> int:
-        """Load new weights (None: the shared in-process module already changed) and
-        advance the version; returns the new version."""
+        """The explicit weight sync: called after every learner update, the warm start
+        and a checkpoint restore. ``state`` (a state dict), when given, is loaded into the
+        policy first; None: the trainer already changed ``policy.model`` in place. An
+        engine sharing that module (HF) only advances the version; one holding its own
+        copy (vLLM) copies the policy's weights into it in place and drops what it
+        computed with the old ones (prefix cache). Returns the new version."""
         ...
 
 
@@ -223,3 +259,6 @@ class Policy:
     model: Any
     tokenizer: Tokenizer
     version: int = 0
+    remedy: str = ""
+    """What to change in the pipeline when the tokenizer cannot represent a task's text
+    (e.g. "set policy.tokenizer='byte'"); quoted by the check at the start of a run."""

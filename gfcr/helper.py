@@ -1,10 +1,13 @@
 """Calls into user code under a time limit, on a reused helper thread.
 
 A stage that calls code it does not trust to return (a user's scorer) runs each call on
-a helper thread and waits at most ``timeout``: an in-process call cannot be killed, so a
-call past its limit is left running on its (daemon) helper, and the next call gets a new
-one. The helper is reused between calls, one per calling thread: starting a thread per
-call cost the default pipeline's verifier 256 thread starts a step.
+a helper thread and waits at most ``timeout``. An in-process call cannot be killed, so a
+call past its limit is left running on its (daemon) helper, and the helper takes no new
+call until it returns: the caller is told at once that the helper is busy, and decides
+(gfcr's Verify counts it as a failure, and its circuit breaker stops the step's scoring).
+So a hanging callee holds one thread per calling thread, and no thread is leaked per call.
+The helper is reused between calls, one per calling thread: starting a thread per call
+cost the default pipeline's verifier 256 thread starts a step.
 
 The CPU a helper spends on a call is charged to whoever is collecting it on the calling
 thread (:func:`charging`): the loop's stage clock does, so a stage's CPU includes the
@@ -18,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 _charged: ContextVar[list[float] | None] = ContextVar("gfcr_helper_cpu", default=None)
 _local = threading.local()
@@ -36,11 +39,18 @@ def charging() -> Iterator[list[float]]:
         _charged.reset(token)
 
 
+Outcome = Literal["done", "timeout", "busy"]
+"""How :func:`call_with_timeout` went: the call returned in time, ran past its limit
+(it goes on running), or was not made because an earlier one is still running."""
+
+
 class _Helper:
-    """One daemon thread running the calls put to it, in order."""
+    """One daemon thread running the calls put to it, one at a time."""
 
     def __init__(self) -> None:
         self.calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.idle = threading.Event()
+        self.idle.set()
         threading.Thread(target=self._serve, daemon=True, name="gfcr-helper").start()
 
     def _serve(self) -> None:
@@ -48,14 +58,27 @@ class _Helper:
             self.calls.get()()
 
 
-def call_with_timeout(fn: Callable[[], None], timeout: float) -> bool:
-    """Run ``fn()`` on this thread's helper; False if it ran past ``timeout`` seconds
-    (it goes on running there, and the helper is replaced). ``fn`` reports its own
-    errors: one that escapes it is dropped, so that the helper lives on."""
+def _helper() -> _Helper:
+    """This thread's helper, started on first use."""
+    # getattr: thread-local slot, unset until this thread starts one
     helper: _Helper | None = getattr(_local, "helper", None)
     if helper is None:
         helper = _local.helper = _Helper()
+    return helper
+
+
+def call_with_timeout(fn: Callable[[], None], timeout: float) -> Outcome:
+    """Run ``fn()`` on this thread's helper and wait at most ``timeout`` seconds.
+
+    A call past its limit goes on running on the helper, and until it returns, every
+    call from this thread answers ``"busy"`` at once without running: a callee that
+    hangs holds one thread for as long as it hangs, never one more per call. ``fn``
+    reports its own errors: one that escapes it is dropped, so that the helper lives on."""
+    helper = _helper()
+    if not helper.idle.is_set():
+        return "busy"
     box, done = _charged.get(), threading.Event()
+    helper.idle.clear()
 
     def run() -> None:
         cpu = time.thread_time()
@@ -66,10 +89,8 @@ def call_with_timeout(fn: Callable[[], None], timeout: float) -> bool:
         finally:
             if box is not None:
                 box[0] += time.thread_time() - cpu
+            helper.idle.set()  # before done: a caller told "done" finds the helper idle
             done.set()
 
     helper.calls.put(run)
-    if done.wait(timeout):
-        return True
-    _local.helper = None  # busy past its limit: the next call starts a new helper
-    return False
+    return "done" if done.wait(timeout) else "timeout"

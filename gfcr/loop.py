@@ -29,12 +29,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.engine import Decision, Engine, Flight, GenRequest, Inflight, SamplingParams
+from gfcr.capabilities import PlanDefaults
+from gfcr.engine import Decision, Engine, Flight, Inflight
+from gfcr.evaluation import evaluate  # noqa: F401 (gfcr.run imports it from here)
+from gfcr.filters import applied, drop, merge_back, set_column
 from gfcr.helper import charging
 from gfcr.metrics import rollout_metrics
+from gfcr.problems import tally
 from gfcr.pipeline import Pipeline
 from gfcr.rollout import PROMPT_SCHEMA, col, conform
-from gfcr.stage import FilterResult, Learner, StageSpec, StepContext, implements
+from gfcr.stage import (ALLOCATE, AUGMENT, FILTER, GENERATE, ON_SEGMENT, REFILL, SELECT, TRAIN,
+                        Allocate, Augment, Filter, Generate, Learner, OnSegment, Select, Stage,
+                        StepContext)
 
 
 @dataclass(frozen=True)
@@ -52,14 +58,26 @@ class Stash(Protocol):
 
     def get(self, ref: TableRef) -> pa.Table: ...
 
+    def forget(self, prefix: str) -> None:
+        """Drop the tables whose key starts with ``prefix``; the runtime calls it once a
+        step's tables are committed and no longer read."""
+        ...
+
 
 Call = Callable[..., Any]
 """``call(name, fn, *args)``: run ``fn(*args)`` as the task called ``name``."""
 
 
+class Committed(Protocol):
+    """What a commit reports (store.CommitResult is one)."""
+
+    @property
+    def message(self) -> str: ...
+
+
 class Committer(Protocol):
     def __call__(self, run_id: str, step: int, rollouts: pa.Table, *,
-                 policy_version: int, metrics: dict[str, float]) -> Any: ...
+                 policy_version: int, metrics: dict[str, float]) -> Committed: ...
 
 
 @dataclass
@@ -88,6 +106,8 @@ class StepReport:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     rollouts: TableRef | None = None
+    errors: list[tuple[str, int]] = field(default_factory=list)
+    """The step's distinct scorer errors (``score_error``) with their counts."""
     cpu: dict[str, float] = field(default_factory=dict)
     """CPU seconds of each stage's own work, on the thread that ran it (its wall seconds
     are the ``time/<stage>`` metrics): what is left of the step is the runtime's."""
@@ -145,21 +165,22 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
             [rt.stash.get(ref), rt.stash.get(more)], promote_options="permissive"))
         rounds += 1
     metrics: dict[str, float] = {"rounds": float(rounds)}
-    for s in rt.pipeline.stages:
-        if s.kind == "replay" and implements(s, "augment"):
-            ref = call(_name(s, ctx), _augment_fn(rt, ctx, s), ref)
-    trainer = rt.pipeline.of_kind("train")
+    for s in AUGMENT.of(rt.pipeline.stages):
+        ref = call(_name(s, ctx), _augment_fn(rt, ctx, s), ref)
+    trainer = TRAIN.of(rt.pipeline.stages)
     if trainer and rt.learner is not None:
         ref, train_metrics = call(_name(trainer[0], ctx), _train_fn(rt, ctx), ref)
         metrics.update(train_metrics)
-    metrics.update(rollout_metrics(rt.stash.get(ref)))
+    final = rt.stash.get(ref)
+    metrics.update(rollout_metrics(final))
     metrics["policy_version"] = float(rt.engine.version)
     metrics.update({f"time/{label}": seconds for label, seconds in clock.wall.items()})
     metrics["step_seconds"] = time.perf_counter() - started
     if rt.commit is not None:
         commit = _commit_fn(rt, run_id, step, dict(metrics), rt.engine.version)
         (rt.background or commit_call)(f"commit[step={step}]", commit, ref)
-    return StepReport(step=step, metrics=metrics, rollouts=ref, cpu=dict(clock.cpu))
+    return StepReport(step=step, metrics=metrics, rollouts=ref, cpu=dict(clock.cpu),
+                      errors=tally(final.column(col.SCORE_ERROR).to_pylist()))
 
 
 def _clocked(call: Call, clock: StageClock) -> Call:
@@ -173,29 +194,25 @@ def _round(rt: Runtime, ctx: StepContext, call: Call) -> TableRef:
     """Select, allocate, generate and filter once; refill rounds repeat this."""
     stages = rt.pipeline.stages
     ref = rt.stash.put(_key(ctx, "prompts"), PROMPT_SCHEMA.empty_table())
-    for s in stages:
-        if s.kind == "replay" and implements(s, "select"):
-            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "select"), ref)
-    gen = rt.pipeline.of_kind("generate")[0]
-    for s in stages:
-        if s.kind == "control" and implements(s, "allocate"):
-            ref = call(_name(s, ctx), _table_fn(rt, ctx, s, "allocate", gen), ref)
+    for chooser in SELECT.of(stages):
+        ref = call(_name(chooser, ctx), _select_fn(rt, ctx, chooser), ref)
+    gen = GENERATE.of(stages)[0]
+    for planner in ALLOCATE.of(stages):
+        ref = call(_name(planner, ctx), _allocate_fn(rt, ctx, planner, gen), ref)
     ref = call(_name(gen, ctx), _generate_fn(rt, ctx, gen), ref)
-    for s in stages:
-        if s.kind == "filter":
-            ref = call(_name(s, ctx), _filter_fn(rt, ctx, s), ref)
+    for f in FILTER.of(stages):
+        ref = call(_name(f, ctx), _filter_fn(rt, ctx, f), ref)
     return ref
 
 
 def _shortfall(rt: Runtime, ctx: StepContext, table: pa.Table) -> int:
     """The most extra prompts any refill filter asks for (see gfcr.stage.Refill)."""
     complete = table.filter(pc.equal(table.column(col.STATUS), "complete"))
-    asks = [s.shortfall(ctx, complete) for s in rt.pipeline.stages
-            if s.kind == "filter" and implements(s, "shortfall")]
+    asks = [s.shortfall(ctx, complete) for s in REFILL.of(rt.pipeline.stages)]
     return max(asks, default=0)
 
 
-def _name(stage: StageSpec, ctx: StepContext) -> str:
+def _name(stage: Stage, ctx: StepContext) -> str:
     suffix = f",round={ctx.round}" if ctx.round else ""
     return f"{stage.label}[step={ctx.step}{suffix}]"
 
@@ -207,24 +224,28 @@ def _key(ctx: StepContext, what: str) -> str:
 # --------------------------------------------------------------------------- stage calls
 
 
-def _table_fn(rt: Runtime, ctx: StepContext, s: StageSpec, method: str,
-              gen: StageSpec | None = None) -> Callable:
+def _select_fn(rt: Runtime, ctx: StepContext, s: Select) -> Callable:
     def fn(ref: TableRef) -> TableRef:
-        table = rt.stash.get(ref)
-        if gen is not None:  # allocate: the plan holds real numbers for n and max_tokens
-            table = plan_defaults(table, gen)
-        return rt.stash.put(_key(ctx, s.label), getattr(s, method)(ctx, table))
+        return rt.stash.put(_key(ctx, s.label), s.select(ctx, rt.stash.get(ref)))
     return fn
 
 
-def plan_defaults(plan: pa.Table, gen: StageSpec) -> pa.Table:
+def _allocate_fn(rt: Runtime, ctx: StepContext, s: Allocate, gen: Generate) -> Callable:
+    def fn(ref: TableRef) -> TableRef:
+        # the plan an allocate stage sees holds real numbers for n and max_tokens
+        table = plan_defaults(rt.stash.get(ref), gen)
+        return rt.stash.put(_key(ctx, s.label), s.allocate(ctx, table))
+    return fn
+
+
+def plan_defaults(plan: pa.Table, gen: Generate) -> pa.Table:
     """``plan`` with ``n`` and ``max_tokens`` columns, nulls set to the generate stage's
     fields of those names (when it has them)."""
-    for name in ("n", "max_tokens"):
-        default = getattr(gen, name, None)
-        if isinstance(default, int) and name not in plan.column_names:
+    defaults = gen.plan_defaults() if isinstance(gen, PlanDefaults) else {}
+    for name, default in defaults.items():
+        if name not in plan.column_names:
             plan = plan.append_column(name, pa.array([default] * plan.num_rows, pa.int64()))
-        elif isinstance(default, int):
+        else:
             filled = pc.fill_null(plan.column(name).cast(pa.int64()), default)
             plan = plan.set_column(plan.schema.get_field_index(name), name, filled)
     return plan
@@ -235,7 +256,7 @@ class SegmentHooks:
     Hooks get ``ctx.flight``, the whole call (:class:`gfcr.engine.Flight`): a generate stage
     declares each request's group with ``expect(groups)`` before generating (duck-typed)."""
 
-    def __init__(self, ctx: StepContext, hooks: list[StageSpec]) -> None:
+    def __init__(self, ctx: StepContext, hooks: list[OnSegment]) -> None:
         self.hooks, self.base = hooks, ctx
         self.expect({})
 
@@ -259,9 +280,8 @@ class SegmentHooks:
         return decisions
 
 
-def _generate_fn(rt: Runtime, ctx: StepContext, gen: StageSpec) -> Callable:
-    hooks = [s for s in rt.pipeline.stages
-             if s.kind == "control" and implements(s, "on_segment")]
+def _generate_fn(rt: Runtime, ctx: StepContext, gen: Generate) -> Callable:
+    hooks = ON_SEGMENT.of(rt.pipeline.stages)
 
     def fn(ref: TableRef) -> TableRef:
         on_segment = SegmentHooks(ctx, hooks) if hooks else None
@@ -277,65 +297,18 @@ def _mark_unfinished(table: pa.Table, label: str) -> pa.Table:
     return drop(table, unfinished, label, pc.if_else(unfinished, table.column(col.STATUS), None))
 
 
-def _filter_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
+def _filter_fn(rt: Runtime, ctx: StepContext, s: Filter) -> Callable:
     def fn(ref: TableRef) -> TableRef:
         table = rt.stash.get(ref)
         complete = pc.equal(table.column(col.STATUS), "complete")
         idx = np.flatnonzero(complete.to_numpy(zero_copy_only=False))
         result = s.apply(ctx, table.take(idx))
-        merged = _merge(table, idx, _applied(result, s.label))
+        merged = merge_back(table, idx, applied(result, s.label))
         return rt.stash.put(_key(ctx, s.label), merged)
     return fn
 
 
-def _applied(result: FilterResult, label: str) -> pa.Table:
-    if result.keep is None:
-        return result.table
-    keep = pa.array(result.keep, pa.bool_())
-    if len(keep) != result.table.num_rows:
-        raise ValueError(f"filter {label!r} returned a keep mask of {len(keep)} values for "
-                         f"{result.table.num_rows} rows")
-    reason = result.reason
-    reasons = pa.array(reason if isinstance(reason, list) else [reason] * len(keep), pa.string())
-    return drop(result.table, pc.invert(keep), label, reasons)
-
-
-def drop(table: pa.Table, mask: Any, label: str, reasons: Any) -> pa.Table:
-    """Mark rows where ``mask`` is true and that are still kept as dropped by ``label``.
-
-    A row keeps the first stage that dropped it; rows are never removed.
-    """
-    newly = pc.and_(pc.fill_null(mask, False), table.column(col.KEPT))
-    table = _set(table, col.DROPPED_BY, pc.if_else(newly, label, table.column(col.DROPPED_BY)))
-    table = _set(table, col.DROP_REASON,
-                 pc.if_else(newly, reasons, table.column(col.DROP_REASON)))
-    return _set(table, col.KEPT, pc.and_(table.column(col.KEPT), pc.invert(newly)))
-
-
-def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i), values)
-
-
-def _merge(table: pa.Table, idx: np.ndarray, part: pa.Table) -> pa.Table:
-    """Write the filtered subset's rows back at positions ``idx`` of ``table``."""
-    if part.num_rows != len(idx):
-        raise ValueError(f"a filter returned {part.num_rows} rows for {len(idx)}; filters "
-                         "must not add or remove rows (return a keep mask instead)")
-    if len(idx) == table.num_rows:
-        return conform(part, where="filter output")
-    rest = np.setdiff1d(np.arange(table.num_rows), idx)
-    order = np.argsort(np.concatenate([idx, rest]), kind="stable")
-    others = table.take(rest)
-    for name in part.column_names:
-        if name not in others.column_names:
-            others = others.append_column(part.schema.field(name).with_nullable(True),
-                                          pa.nulls(others.num_rows, part.schema.field(name).type))
-    combined = pa.concat_tables([part, others.select(part.column_names)], promote_options="permissive")
-    return conform(combined.take(order), where="filter output")
-
-
-def _augment_fn(rt: Runtime, ctx: StepContext, s: StageSpec) -> Callable:
+def _augment_fn(rt: Runtime, ctx: StepContext, s: Augment) -> Callable:
     def fn(ref: TableRef) -> TableRef:
         return rt.stash.put(_key(ctx, s.label), s.augment(ctx, rt.stash.get(ref)))
     return fn
@@ -352,8 +325,8 @@ def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
         advantage[kept] = result.advantages
         consumed = np.full(table.num_rows, -1)
         consumed[kept] = ctx.step
-        table = _set(table, col.ADVANTAGE, pa.array(advantage, from_pandas=True))
-        table = _set(table, col.CONSUMED_AT_STEP,
+        table = set_column(table, col.ADVANTAGE, pa.array(advantage, from_pandas=True))
+        table = set_column(table, col.CONSUMED_AT_STEP,
                      pa.array(consumed, mask=consumed < 0, type=pa.int64()))
         rt.engine.update_weights()
         metrics = {f"train/{k}": float(v) for k, v in result.metrics.items()}
@@ -368,25 +341,5 @@ def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float],
     def fn(ref: TableRef) -> str:
         result = rt.commit(run_id, step, rt.stash.get(ref),  # type: ignore[misc]
                            policy_version=policy_version, metrics=metrics)
-        return str(getattr(result, "message", "committed"))
+        return result.message
     return fn
-
-
-def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
-             stop: tuple[str, ...] = ()) -> dict[str, float]:
-    """Greedy accuracy on held-out prompts: the share scored as fully correct."""
-    rows = prompts.to_pylist()
-    requests = [GenRequest(key=i, prompt_ids=engine.encode(r[col.PROMPT]))
-                for i, r in enumerate(rows)]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop,
-                            segment_tokens=max_tokens)
-    outputs = engine.generate(requests, params)
-    scores = []
-    for row, out in zip(rows, outputs):
-        try:
-            scores.append(float(task.score(engine.decode(out.completion_ids),
-                                           row[col.ANSWER], row[col.META])))
-        except Exception:  # a scorer error counts as wrong, never kills evaluation
-            scores.append(0.0)
-    return {"accuracy": float(np.mean(np.asarray(scores) >= 1.0)) if scores else 0.0,
-            "n": float(len(scores))}

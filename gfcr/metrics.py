@@ -83,6 +83,8 @@ def _replay_metrics(table: pa.Table, n_tokens: np.ndarray, kept: np.ndarray) -> 
 
 
 def _counts(column: pa.ChunkedArray) -> dict[str, int]:
-    counts = pc.value_counts(column.combine_chunks()) if len(column) else []
-    return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()} if len(column) else {}
+    if not len(column):
+        return {}
+    counts = pc.value_counts(column.combine_chunks())
+    return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()}
 

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import runpy
-from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from gfcr.rollout import PROMPT_COLUMNS
-from gfcr.stage import (REGISTRY, STAGE_ORDER, Spec, StageSpec, implements, load_plugins,
-                        lookup)
+from gfcr import problems as collect
+
+from gfcr import names
+from gfcr.capabilities import PipelineRule, check_engine
+from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
+from gfcr.settings import Checkpointing, Evaluation  # noqa: F401 (imported from here)
+from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
+                        Stage, StageSpec, load_plugins, lookup)
 
 COMPONENTS = ("task", "policy", "engine", "warmstart")
 """Pipeline fields resolved through the registry, by the kind of the same name."""
@@ -39,28 +41,6 @@ class PipelineError(ValueError):
                          f"{'s' if len(problems) != 1 else ''}):\n{body}")
 
 
-class Evaluation(Spec):
-    """Held-out greedy evaluation, run before the first step, every ``every`` steps and
-    after the last."""
-
-    size: int = Field(64, ge=1)
-    """Number of held-out prompts (taken from the task's held-out split)."""
-    every: int = Field(0, ge=0)
-    """Evaluate every N steps as well; 0 means only before and after."""
-    max_tokens: int = Field(16, ge=1)
-
-
-class Checkpointing(Spec):
-    """When a run saves a checkpoint (see :mod:`gfcr.checkpoint`): after every ``every``
-    steps and after the last, keeping the newest ``keep``. A run resumes from the newest
-    complete one; these settings may change when a run is resumed."""
-
-    every: int = Field(10, ge=0)
-    """Save after every N steps; 0 saves only after the last step."""
-    keep: int = Field(2, ge=1)
-    """Complete checkpoints kept per run; older ones are deleted once a newer one is whole."""
-
-
 class Pipeline(Spec):
     """A GFCR pipeline: where prompts come from, which policy and engine, and the stages.
 
@@ -68,7 +48,9 @@ class Pipeline(Spec):
     """
 
     name: str
-    seed: int = 0
+    """Names the run (run ids start with it) and its MLflow experiment; see gfcr.names."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seeds every random generator of the run (numpy and torch take 0 <= seed < 2**32)."""
     steps: int = Field(20, ge=1)
     task: Any
     policy: Any
@@ -79,16 +61,25 @@ class Pipeline(Spec):
     checkpoint: Checkpointing = Checkpointing()
 
     def __init__(self, **data: Any) -> None:
+        collection = collect.active()
+        earlier = collection.take() if collection else []  # a .py file's invalid configs
         problems: list[str] = []
         data = _resolve(data, problems)
         try:
-            super().__init__(**data)
+            BaseModel.__init__(self, **data)
         except ValidationError as err:
             problems.extend(_format_errors(err))
         if not problems:
-            problems.extend(check(self))
-        if problems:
-            raise PipelineError(problems, where=f"pipeline {data.get('name', '?')!r}")
+            problems.extend(_checked(self, quiet=bool(earlier)))
+        if earlier or problems:
+            raise PipelineError(earlier + problems, where=f"pipeline {data.get('name', '?')!r}")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if names.problem("name", value) is not None:
+            raise ValueError(names.rule())
+        return value
 
     @field_validator("stages", mode="before")
     @classmethod
@@ -112,8 +103,7 @@ class Pipeline(Spec):
     def to_dict(self) -> dict[str, Any]:
         """Plain data (every default filled in); ``Pipeline(**d)`` rebuilds it."""
         out: dict[str, Any] = {"name": self.name, "seed": self.seed, "steps": self.steps}
-        for key in COMPONENTS:
-            value = getattr(self, key)
+        for key, value in _components(self).items():
             out[key] = None if value is None else value.model_dump(mode="json")
         out["stages"] = [s.model_dump(mode="json") for s in self.stages]
         out["evaluation"] = self.evaluation.model_dump(mode="json")
@@ -200,14 +190,18 @@ def _resolve_one(kind: str, value: Any, where: str, problems: list[str]) -> Any:
         return value
 
 
-def _format_errors(err: ValidationError) -> list[str]:
-    out = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        field = f"field {loc!r}: " if loc else ""
-        got = f" (got {e['input']!r})" if e["type"] != "missing" else ""
-        out.append(f"{field}{e['msg']}{got}")
-    return out
+_format_errors = collect.format_errors
+
+
+def _checked(p: "Pipeline", *, quiet: bool) -> list[str]:
+    """check(p); with placeholders of invalid configs among its parts (``quiet``), a
+    check that trips over one is skipped: their own problems are already reported."""
+    try:
+        return check(p)
+    except Exception:
+        if quiet:
+            return []
+        raise
 
 
 # --------------------------------------------------------------------------- checks
@@ -226,12 +220,17 @@ def check(p: Pipeline) -> list[str]:
     _check_columns(stages, problems)
     _check_owners(stages, problems)
     _check_stage_rules(stages, problems)
+    check_engine(p.engine, stages, problems)
     return problems
 
 
+def _components(p: Pipeline) -> dict[str, Any]:
+    """The pipeline's components by field name (the order of COMPONENTS)."""
+    return {"task": p.task, "policy": p.policy, "engine": p.engine, "warmstart": p.warmstart}
+
+
 def _check_components(p: Pipeline, problems: list[str]) -> None:
-    for key in COMPONENTS:
-        value = getattr(p, key)
+    for key, value in _components(p).items():
         if value is None and key != "warmstart":
             problems.append(f"{key}: required")
         elif value is not None and type(value) not in REGISTRY[key].values():
@@ -265,18 +264,17 @@ def _check_names(stages: list[StageSpec], problems: list[str]) -> None:
         seen.add(s.label)
 
 
-def execution_order(stages: Iterable[StageSpec]) -> list[tuple[str, StageSpec]]:
-    """(phase, stage) in the order the loop runs them: select, allocate, generate,
-    filter, augment, train (on_segment hooks run inside generate)."""
+def execution_order(stages: Iterable[StageSpec]) -> list[tuple[str, Stage]]:
+    """(phase, stage) in the order the loop runs them (gfcr.stage.PHASES: select,
+    allocate, generate, apply, augment, learner; on_segment hooks run inside generate and
+    shortfall after the filters, so they are not listed)."""
     stages = list(stages)
-    phases = [("select", "replay"), ("allocate", "control"), ("generate", "generate"),
-              ("apply", "filter"), ("augment", "replay"), ("learner", "train")]
-    return [(method, s) for method, kind in phases for s in stages
-            if s.kind == kind and implements(s, method)]
+    return [(phase.method, s) for phase in PHASES if phase not in (ON_SEGMENT, REFILL)
+            for s in phase.of(stages)]
 
 
 def _check_columns(stages: list[StageSpec], problems: list[str]) -> None:
-    available = set(PROMPT_COLUMNS) | {"n", "max_tokens"}
+    available = set(PROMPT_COLUMNS) | PLAN_COLUMNS
     checked: set[int] = set()
     for _, s in execution_order(stages):
         if id(s) not in checked:
@@ -290,9 +288,8 @@ def _check_columns(stages: list[StageSpec], problems: list[str]) -> None:
 def _check_stage_rules(stages: list[StageSpec], problems: list[str]) -> None:
     """What each stage's optional ``check_pipeline(stages)`` reports about the others."""
     for s in stages:
-        rule = getattr(s, "check_pipeline", None)
-        if callable(rule):
-            problems.extend(rule(tuple(stages)))
+        if isinstance(s, PipelineRule):
+            problems.extend(s.check_pipeline(tuple(stages)))
 
 
 DECISIONS = {
@@ -324,8 +321,17 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
     if not sep or not path:
         problems.append(f"{assignment!r}: expected PATH=VALUE, e.g. grpo.lr=1e-3")
         return
-    value = yaml.safe_load(raw) if raw else ""
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as e:
+        mark = (e.problem if isinstance(e, yaml.MarkedYAMLError) else None) or type(e).__name__
+        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({mark}); quote it, "
+                        f"e.g. --set '{path}=\"...\"'")
+        return
     head, _, field = path.partition(".")
+    if not field and head in COMPONENTS and isinstance(value, str):
+        data[head] = {"type": value}  # engine=vllm: that component type, its defaults
+        return
     if not field:
         if head not in Pipeline.model_fields or head in COMPONENTS or head == "stages":
             problems.append(f"{path!r}: not a settable pipeline field "
@@ -356,39 +362,3 @@ def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
     for key in keys[:-1]:
         target = target.setdefault(key, {})
     target[keys[-1]] = value
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load(ref: str) -> Pipeline:
-    """A pipeline from a registered name (``gfcr.pipelines`` entry points), a ``.py``
-    file that defines ``pipeline``, or a ``.yaml`` file."""
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise PipelineError([f"no such file: {ref}"], where=ref)
-        return Pipeline.from_yaml(path.read_text(), where=ref)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise PipelineError([f"no such file: {ref}"], where=ref)
-        return _from_module(runpy.run_path(str(path)), ref)
-    named = {ep.name: ep for ep in entry_points(group="gfcr.pipelines")}
-    if ref not in named:
-        raise PipelineError([f"{ref!r} is neither a .py/.yaml file nor a known pipeline; "
-                             f"known: {', '.join(sorted(named)) or 'none'}"], where=ref)
-    obj = named[ref].load()
-    return _from_module({"pipeline": obj}, ref)
-
-
-def _from_module(namespace: dict[str, Any], where: str) -> Pipeline:
-    obj = namespace.get("pipeline")
-    if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
-    if not isinstance(obj, Pipeline):
-        found = type(obj).__name__ if obj is not None else "nothing"
-        raise PipelineError([f"{where} must define `pipeline = Pipeline(...)` (or a "
-                             f"function `pipeline()` returning one); found {found}"],
-                            where=where)
-    return obj
-

@@ -86,6 +86,61 @@ prefix, a forced hint), 0 for a finished sample carried over unchanged. The loop
 (a generate stage that does not write it, a row stored before it existed) counts
 ``n_tokens``."""
 
+PLAN_N = "n"
+"""Plan column (int64): samples to draw for the prompt; null: the generate stage's own."""
+PLAN_MAX_TOKENS = "max_tokens"
+"""Plan column (int64): the prompt's token cap; null: the generate stage's own."""
+PLAN_COLUMNS = frozenset({PLAN_N, PLAN_MAX_TOKENS})
+"""Columns a plan (what allocate stages read and write) adds to a prompt table."""
+
+# ---------------------------------------------------------------- cross-kind columns
+# Extra columns one kind of stage writes and another reads, declared once here so no
+# operator imports another kind's module for a column name.
+
+RECYCLE = "recycle"
+"""Plan column of a recycled group: one struct per sample (:data:`RECYCLE_TYPE`), null for
+a fresh prompt; a replay stage that brings back unfinished groups writes it, a generate
+stage that continues partials (gfcr.stage.ContinuesPartials) honours it, control stages
+count its samples. A recycled plan row also carries its original ``group_id``."""
+
+RECYCLE_TYPE = pa.list_(pa.struct([
+    ("sample_idx", pa.int32()), ("parent_id", pa.string()),
+    ("prefix_ids", pa.list_(pa.int32())), ("prefix_logprobs", pa.list_(pa.float32())),
+    ("policy_version_start", pa.int64()), ("policy_version_end", pa.int64()),
+    ("finish_reason", pa.string()), ("hint_tokens", pa.int32()), ("exemplars", pa.int32())]))
+"""Per sample of a recycled group, what to do with the stored row ``parent_id``:
+continue it from ``prefix_ids``/``prefix_logprobs`` (``finish_reason`` null), carry it
+over unchanged (a finished sibling: ``finish_reason`` set), or restart it from scratch
+(empty prefix, ``policy_version_start`` null). ``hint_tokens`` and ``exemplars`` are the
+stored row's marks of conditioned generation (null when it has none): a continuation
+keeps them, since its prefix and prompt are the stored ones."""
+
+HINT_TOKENS = "hint_tokens"
+"""Forced tokens (int32): the row's leading completion tokens were forced, not sampled
+(ADHint's hints, written by stages.generate.conditioned; any generate stage that forces a
+prefix may write it). The trainer keeps them in the sequence but masks them out of the
+loss."""
+
+EXEMPLARS = "exemplars"
+"""Extra column (int32): solved exemplars prepended to the prompt (0: none)."""
+
+TOKEN_KEEP_RATIO = "token_keep_ratio"
+"""Token keep ratio (float64, null = keep every token): the share of the batch's loss
+tokens the trainer keeps, chosen by its token selector (stages.train.selection; D³S's by
+default) from its own forward pass. A filter writes it (stages.filter.d3s)."""
+
+D3S_ADVANTAGE = "d3s_advantage"
+"""Advantage override (float64, null = none): where present, the trainer trains the row
+on this advantage as is (loss, token ranking, stored ``advantage``) instead of its
+estimator's. D³S writes each row's advantage within its whole group; any filter that
+chooses rows on advantages may write it."""
+
+
+def stable_id(*parts: Any) -> str:
+    """Deterministic id from its parts, so every executor names rows the same."""
+    return hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
 PROMPT_COLUMNS = frozenset({col.PROMPT_ID, col.TASK, col.PROMPT, col.ANSWER, col.META})
 """Columns a prompt table (what Replay.select returns) carries."""
 

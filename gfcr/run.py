@@ -1,38 +1,42 @@
-"""Executors: run a pipeline as a Prefect flow (the default) or in-process (tests).
+"""Running a pipeline: ``execute`` starts (or resumes) a run and drives it step by step.
 
-This is the only module that imports prefect. Under Prefect a pipeline run is one flow
-run (named by the run id); every stage of every step is one task run named
-``<stage>[step=N]``, plus ``warmstart``, ``evaluate[step=N]`` and ``commit[step=N]``.
-Tasks pass :class:`~gfcr.loop.TableRef` references to tables that stay in the flow's
-process (:mod:`gfcr.stash`: in memory, spilled to Arrow files past a budget); the engine,
-the policy and the store connection stay there for the whole run too. A step's commit
-runs behind the next step, in order, finished before that step's history is read, before
-each checkpoint and before the run ends (:mod:`gfcr.commits`). Both executors run the
-same loop code with the same seeds, so they give the same results.
+The run's stage calls go through an executor (:mod:`gfcr.executors`: Prefect tasks by
+default, or plain in-process calls); both run the same loop code with the same seeds, so
+they give the same results. Tables stay in the orchestrating process (:mod:`gfcr.stash`:
+in memory, spilled to Arrow files past a budget); the engine, the policy and the store
+connection stay there for the whole run too. A step's commit runs behind the next step,
+in order, finished before that step's history is read, before each checkpoint and before
+the run ends (:mod:`gfcr.commits`).
 
 A run id the store already holds is continued, not restarted: from its newest checkpoint,
 replaying committed steps after it without committing them again (:mod:`gfcr.resume`).
 Checkpoints are written after every ``checkpoint.every`` steps and after the last, as the
-task ``checkpoint[step=N]`` (:mod:`gfcr.checkpoint`).
+task ``checkpoint[step=N]`` (:mod:`gfcr.checkpoint`). A stop request (:mod:`gfcr.cancel`)
+ends the run at the next step boundary, checkpointed, with the store's status
+``cancelled``.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
 import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Protocol
 
-from gfcr import checkpoint, resume
+from gfcr import checkpoint, names, resume, storage
+from gfcr.cancel import RunCancelled, Stop, cancelled
 from gfcr.commits import BackgroundCommits, LazyHistory, Start
+from gfcr.executors import Call, Executor, PrefectExecutor, named
 from gfcr.loop import Runtime, StepReport, evaluate, run_step
 from gfcr.pipeline import Pipeline
+from gfcr.progress import PrefectMilestones
+from gfcr.report.publish import end_of_run_page
+from gfcr.stage import TRAIN
+from gfcr.tokencheck import check_task
 from gfcr.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 
-Executor = Literal["prefect", "local"]
 DEFAULT_ROOT = Path(".gfcr")
 
 
@@ -56,6 +60,13 @@ class Hook(Protocol):
 
     def on_phase(self, *, phase: str, **kw: Any) -> None: ...
 
+    def on_progress(self, *, phase: str, done: int, total: int, **kw: Any) -> None:
+        """``done`` of ``total`` units of a counted phase (warm start steps, evaluated
+        prompts); see gfcr.progress."""
+
+    def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
+        """An error repeated ``count`` times in one batch (a scorer's), reported once."""
+
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
                 cpu: dict[str, float], **kw: Any) -> None:
         """``replayed``: a step of a resumed run that was committed before (see
@@ -70,6 +81,7 @@ class Hook(Protocol):
 
 def _emit(hooks: list[Any], method: str, **kw: Any) -> None:
     for hook in hooks:
+        # getattr: hooks are keyword-only objects whose methods are all optional
         fn = getattr(hook, method, None)
         if fn is not None:
             fn(**kw)
@@ -99,8 +111,11 @@ class RunSummary:
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int | None = None
     """The checkpoint step this call resumed from (None: not resumed from a checkpoint)."""
+    report: str | None = None
+    """The run's report page (gfcr.report.publish), written at its end."""
 
     def as_dict(self) -> dict[str, Any]:
+        # getattr: the summary's own dataclass fields, by name
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
@@ -111,12 +126,10 @@ def new_run_id(pipeline: Pipeline) -> str:
     return f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT, executor: Executor = "prefect",
-            run_id: str | None = None, hooks: list[Any] | None = None,
-            store: Any = None) -> RunSummary:
+def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
+            executor: Executor | str = "prefect", run_id: str | None = None,
+            hooks: list[Any] | None = None, store: Any = None,
+            stop: Stop | None = None) -> RunSummary:
     """Run ``pipeline`` to completion and return its summary.
 
     ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
@@ -124,59 +137,66 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT, executor: Executor
     :mod:`gfcr.resume`); the pipeline must then be that run's own, up to ``steps`` and
     ``checkpoint``, or :class:`gfcr.resume.ResumeError` is raised before anything is
     written. ``store`` is an open RolloutStore (None: open the one under ``root``).
+    ``executor`` is an :class:`~gfcr.executors.Executor` or its name ("prefect",
+    "local"). When ``stop`` is requested the run ends at the next step boundary and
+    raises :class:`~gfcr.cancel.RunCancelled` (see :mod:`gfcr.cancel`).
     """
-    from store import RolloutStore
-
+    lake = storage.backend()
     root = Path(root).resolve()
-    if run_id is not None and not _RUN_ID.fullmatch(run_id):
-        raise ValueError(f"run id {run_id!r} may hold only letters, digits, '.', '_' and '-' "
-                         "(it names folders under the run root), starting with a letter or digit")
+    if run_id is not None:
+        names.check_run_id(run_id)
     run_id = run_id or new_run_id(pipeline)
-    hooks = list(hooks or [])
+    chosen = named(executor) if isinstance(executor, str) else executor
+    hooks = list(hooks or []) + ([PrefectMilestones()] if isinstance(chosen, PrefectExecutor)
+                                 else [])
     own_store = store is None
-    store = store or RolloutStore.open(root / "store")
-    stash = SpillStash(root / "staging" / run_id)
+    store = store or lake.open(root / "store")
     try:
-        resumed = resume.check(store, run_id, pipeline)
-        body = _body(pipeline, root, run_id, hooks, store, stash, resumed)
-        if executor == "local":
-            return _local(body)
-        return _prefect_flow(pipeline, run_id, body)
+        with lake.hold(store, run_id):  # one owner per run id, before anything is written
+            stash = SpillStash(root / "staging" / run_id)
+            try:
+                resumed = resume.check(store, run_id, pipeline)
+                body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
+                             stop or Stop())
+                retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
+                return chosen.run(body, run_id=run_id, retried=retried)
+            finally:
+                shutil.rmtree(stash.root, ignore_errors=True)
     finally:
-        shutil.rmtree(stash.root, ignore_errors=True)
         if own_store:
             store.close()
 
 
-def _local(body: Callable[[Callable[..., Any], Start], RunSummary]) -> RunSummary:
-    """The in-process executor: plain calls, background commits in one thread."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="gfcr-commit") as pool:
-        return body(lambda name, fn, *args: fn(*args),
-                    lambda name, fn, *args: pool.submit(fn, *args))
-
-
 def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any, resumed: bool) -> Callable[[Callable[..., Any], Start], RunSummary]:
-    def body(call: Callable[..., Any], start: Start) -> RunSummary:
+          stash: Any, resumed: bool, stop: Stop) -> Callable[[Call, Start], RunSummary]:
+    def body(call: Call, start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
         _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
               store=store)
-        status, commits = "failed", BackgroundCommits(start)
+        status, commits, error = "failed", BackgroundCommits(start), None
         try:
+            _emit(hooks, "on_phase", phase="building the policy and the task")
             rt, policy = _build(pipeline, run_id, stash, store, commits)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
-                                  commits), started, resumed)
+                                  commits, stop), started, resumed)
             status = "finished"
             return summary
+        except (RunCancelled, KeyboardInterrupt) as exc:
+            status, error = "cancelled", _reason(exc)
+            raise
+        except BaseException as exc:
+            if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
+                status, error = "cancelled", _reason(exc)
+                raise KeyboardInterrupt(f"stopped at once ({error})") from exc
+            error = _reason(exc)
+            raise
         finally:
             try:
                 commits.wait()  # a commit in flight finishes, whatever else failed
             finally:
-                store.finish_run(run_id, status)
+                store.finish_run(run_id, status, error)
                 if status != "finished":
                     _emit(hooks, "on_end", summary=None, status=status)
     return body
@@ -195,16 +215,30 @@ class _Run:
     rt: Runtime
     policy: Any
     commits: BackgroundCommits
+    stop: Stop
 
     def evaluate_at(self, label: str, step: int) -> float:
-        """Held-out greedy accuracy, as the task ``evaluate[label]``."""
-        ev, rt = self.pipeline.evaluation, self.rt
+        """Held-out greedy accuracy, as the task ``evaluate[label]``; stored in the
+        ``evaluations`` table."""
+        ev, rt, name = self.pipeline.evaluation, self.rt, f"evaluate[{label}]"
         heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
-        _emit(self.hooks, "on_phase", phase=f"evaluate[{label}]")
-        result = self.call(f"evaluate[{label}]", lambda: evaluate(
-            rt.task, rt.engine, heldout, max_tokens=ev.max_tokens))
+        _emit(self.hooks, "on_phase", phase=name)
+        result = self.call(name, lambda: evaluate(rt.task, rt.engine, heldout,
+                                                  max_tokens=ev.max_tokens,
+                                                  progress=self.progress(name)))
+        for message, count in result["errors"]:
+            _emit(self.hooks, "on_warning", count=count,
+                  message=f"{name}: the task's scorer raised (scored as wrong): {message}")
+        self.store.record_evaluation(self.run_id, step, label, accuracy=result["accuracy"],
+                                     n_prompts=int(result["n"]), temperature=0.0,
+                                     max_tokens=ev.max_tokens)
         _emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
         return result["accuracy"]
+
+    def progress(self, phase: str) -> Callable[[int, int], None]:
+        """``progress(done, total)`` of ``phase``, for the hooks (gfcr.progress)."""
+        return lambda done, total: _emit(self.hooks, "on_progress", phase=phase, done=done,
+                                         total=total)
 
 
 def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
@@ -218,7 +252,11 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
                                       engine=run.rt.engine)
         _emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
     last = store.last_step(run.run_id) if resumed else None
-    for step in range(0 if ckpt is None else ckpt.step + 1, p.steps):
+    first = 0 if ckpt is None else ckpt.step + 1
+    for step in range(first, p.steps):
+        if run.stop.requested:
+            _cancel(run, step - 1 if step > first else (None if ckpt is None else ckpt.step),
+                    progress, saved=step == first)
         _step(run, step, progress, replayed=last is not None and step <= last)
     after = run.evaluate_at(f"step={p.steps}", p.steps)
     run.commits.wait()
@@ -232,6 +270,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
         accuracy_warmstart=None if initial is None else start, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=progress["warmstart"],
         history=progress["history"], resumed_from=None if ckpt is None else ckpt.step)
+    summary.report = end_of_run_page(store, run.run_id, run.root)
     _emit(run.hooks, "on_end", summary=summary, status="finished")
     return summary
 
@@ -246,7 +285,8 @@ def _start(run: _Run) -> dict[str, Any]:
         progress["accuracy_initial"] = run.evaluate_at("initial", 0)
         _emit(run.hooks, "on_phase", phase="warmstart")
         progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
-            run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache")))
+            run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
+            progress=run.progress("warmstart"))))
         run.rt.engine.update_weights()
     progress["accuracy_start"] = run.evaluate_at("step=0", 0)
     return progress
@@ -258,7 +298,7 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     p, ev = run.pipeline, run.pipeline.evaluation
     report: StepReport = run_step(replace(run.rt, commit=None) if replayed else run.rt,
                                   run.run_id, step, run.call)
-    if replayed:
+    if replayed and report.rollouts is not None:
         table = run.rt.stash.get(report.rollouts)
         report.metrics["resume/replay_mismatch"] = float(
             resume.replay_mismatch(run.store, run.run_id, step, table))
@@ -268,23 +308,50 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     # step - 1's commit is done: this step handed its own over only after it (or, a
     # replayed step, came before any commit of this call)
     run.rt.stash.forget(f"{step - 1}/")
-    every = p.checkpoint.every
-    if step == p.steps - 1 or (every and (step + 1) % every == 0):
-        run.commits.wait()  # a checkpoint follows its step's commit (gfcr.resume)
-        run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
-            checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
-            spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
-            engine=run.rt.engine, progress=progress, keep=p.checkpoint.keep).path))
+    if _checkpoint_due(p, step):
+        _checkpoint(run, step, progress)
+    for message, count in ([] if replayed else report.errors):
+        _emit(run.hooks, "on_warning", count=count,
+              message=f"a scorer raised on rollouts (kept as score_error): {message}")
     _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed,
           cpu=report.cpu)
+
+
+def _checkpoint_due(p: Pipeline, step: int) -> bool:
+    every = p.checkpoint.every
+    return step == p.steps - 1 or bool(every and (step + 1) % every == 0)
+
+
+def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
+    """The checkpoint after ``step``, once the step's commit is done (gfcr.resume)."""
+    p = run.pipeline
+    run.commits.wait()
+    return Path(run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
+        checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
+        spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
+        engine=run.rt.engine, progress=progress, keep=p.checkpoint.keep).path)))
+
+
+def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: bool) -> None:
+    """Stop at this step boundary: the commit in flight finishes, the last whole step
+    is checkpointed (unless it already is: ``saved``), and RunCancelled is raised."""
+    run.commits.wait()
+    path = None
+    if last is not None and (saved or _checkpoint_due(run.pipeline, last)):
+        newest = checkpoint.latest(checkpoint.directory(run.root, run.run_id))
+        path = None if newest is None else newest.path
+    elif last is not None:
+        path = _checkpoint(run, last, progress)
+    raise cancelled(run.run_id, last_step=last, checkpoint=path, reason=run.stop.reason)
 
 
 def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any,
            commits: BackgroundCommits) -> tuple[Runtime, Any]:
     """Policy, engine and learner: built once, kept for the whole run."""
     policy = pipeline.policy.build(seed=pipeline.seed)
+    check_task(pipeline.task, policy.tokenizer, policy.remedy)  # before any work, once
     engine = pipeline.engine.build(policy, seed=pipeline.seed)
-    trainers = pipeline.of_kind("train")
+    trainers = TRAIN.of(pipeline.stages)
     learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
     snapshots: dict[int, int] = {}
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
@@ -309,69 +376,26 @@ def _history(store: Any, run_id: str, snapshots: dict[int, int],
     """The run's history as of the step before ``step``: what a resumed run sees too. At
     step 0 that is the store before the run's first commit (live, until it has one).
     Built when a stage first reads it, after the commit running behind the step."""
-    from store import History
+    history = storage.backend().history
 
     def at(step: int) -> Any:
         commits.wait()
         if step and step - 1 in snapshots:
-            return History(store, run_id, as_of_snapshot=snapshots[step - 1])
+            return history(store, run_id, as_of_snapshot=snapshots[step - 1])
         if step:
-            return History(store, run_id, as_of_step=step - 1)
+            return history(store, run_id, as_of_step=step - 1)
         first = store.step_snapshot(run_id, 0)
-        return History(store, run_id, as_of_snapshot=None if first is None else first - 1)
+        return history(store, run_id, as_of_snapshot=None if first is None else first - 1)
     return lambda step: LazyHistory(lambda: at(step))
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a run failed, for the store's ``runs.error``: the exception, on one short line."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _code_version() -> str:
     from importlib.metadata import version
 
     return f"gfcr {version('gfcr')}"
-
-
-# --------------------------------------------------------------------------- prefect
-
-
-def _prefect_flow(pipeline: Pipeline, run_id: str,
-                  body: Callable[[Callable[..., Any], Start], RunSummary]) -> RunSummary:
-    from prefect import flow
-
-    tasks = _tasks(pipeline)
-
-    def call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return tasks(name)(name=name, fn=fn, args=args)
-
-    def start(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return tasks(name).submit(name=name, fn=fn, args=args)  # the flow's thread pool
-
-    def gfcr_run() -> RunSummary:
-        return body(call, start)
-
-    return flow(gfcr_run, name=pipeline.name, flow_run_name=run_id,
-                validate_parameters=False, persist_result=False, log_prints=False)()
-
-
-def _tasks(pipeline: Pipeline) -> Callable[[str], Any]:
-    """``tasks(name)``: the Prefect task for a call named ``<stage>[...]``, one per stage
-    (or ``commit``, ``evaluate``, ...), built on first use and reused by every step:
-    building a task reads and hashes its function's source (about 2 ms a time). Each call
-    is still its own task run, named ``name``."""
-    from prefect import task
-    from prefect.cache_policies import NO_CACHE
-
-    kinds = {s.label: s.kind for s in pipeline.stages}
-    built: dict[str, Any] = {}
-
-    def get(name: str) -> Any:
-        label = name.split("[", 1)[0]
-        if label not in built:
-            retries = 2 if kinds.get(label) in ("generate", "filter") else 0
-            built[label] = task(_invoke, name=label, task_run_name="{name}", retries=retries,
-                                retry_delay_seconds=1, cache_policy=NO_CACHE,
-                                persist_result=False)
-        return built[label]
-    return get
-
-
-def _invoke(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """What every task runs: the loop's call ``fn(*args)`` (``name`` names the run)."""
-    return fn(*args)

@@ -1,21 +1,12 @@
 """Stage kinds, their protocols, and the one registry every operator goes through.
 
 A stage is a small frozen pydantic model registered under a ``type`` name with
-:func:`register`. Its *kind* says where it may stand in a pipeline and which protocol it
-implements:
+:func:`register`. Its *kind* says where it may stand in a pipeline and which phases it may
+implement. The phase table :data:`PHASES` is the one description of that: registration
+checks it, the pipeline validates against it, the loop runs the phases in its order (each
+stage narrowed to its phase's protocol) and the table below is rendered from it:
 
-========  ===========================================================================
-replay    ``select(ctx, chosen) -> prompts`` before generation and/or
-          ``augment(ctx, batch) -> batch`` after filtering (curricula, recycled partials,
-          reused rollouts)
-control   ``allocate(ctx, plan) -> plan`` (samples and token budget per prompt) and/or
-          ``on_segment(ctx, inflight) -> decisions`` between generation segments
-generate  ``generate(ctx, plan, engine, on_segment) -> rollouts``
-filter    ``apply(ctx, rollouts) -> FilterResult``: write score columns, and/or a keep mask
-          with a reason. The loop, not the filter, marks dropped rows.
-train     ``learner(policy, seed=...) -> Learner``, whose ``update(ctx, batch)`` returns
-          advantages and metrics
-========  ===========================================================================
+{phases}
 
 Besides stages, pipelines name *components* resolved through the same registry: a ``task``
 (prompt source and scorer), a ``policy`` (model and tokenizer), an ``engine`` and a
@@ -28,12 +19,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
-from typing import Any, Callable, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from typing import (Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, TypeVar,
+                    runtime_checkable)
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from gfcr import problems
+
+from gfcr import names
 from gfcr.engine import Decision, Engine, Flight, Inflight, SegmentHook
 
 StageKind = Literal["replay", "control", "generate", "filter", "train"]
@@ -45,9 +40,18 @@ STAGE_ORDER: tuple[StageKind, ...] = ("replay", "control", "generate", "filter",
 
 
 class Spec(BaseModel):
-    """Base of every config: strict (unknown fields are errors) and immutable."""
+    """Base of every config: strict (unknown fields are errors) and immutable. A field's
+    description is its attribute docstring (``gfcr stages TYPE`` lists them)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              use_attribute_docstrings=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            if not problems.defer(self, data, err):  # a .py pipeline being loaded
+                raise
 
 
 class StageSpec(Spec):
@@ -60,16 +64,39 @@ class StageSpec(Spec):
     """
 
     name: str | None = None
+    """The stage's label (default: its type); it names staged files, so gfcr.names rules."""
     kind: ClassVar[StageKind]
-    reads: ClassVar[frozenset[str]] = frozenset()
-    writes: ClassVar[frozenset[str]] = frozenset()
-    owns: ClassVar[frozenset[str]] = frozenset()
-    """Decisions only one stage of a pipeline may take (e.g. "stop", "n")."""
+
+    # The column and decision contract is instance-level: a stage overrides these with a
+    # ClassVar when it is fixed, or a property when its config decides it.
+    @property
+    def reads(self) -> frozenset[str]:
+        """Columns the stage reads, which an upstream stage (or the prompt) must write."""
+        return frozenset()
+
+    @property
+    def writes(self) -> frozenset[str]:
+        """Columns the stage adds for downstream stages."""
+        return frozenset()
+
+    @property
+    def owns(self) -> frozenset[str]:
+        """Decisions only one stage of a pipeline may take (e.g. "stop", "n")."""
+        return frozenset()
+    engine_needs: ClassVar[frozenset[str]] = frozenset()
+    """Engine capabilities this stage needs (gfcr.capabilities), checked at build time."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and names.problem("name", value) is not None:
+            raise ValueError(names.rule())
+        return value
 
     @property
     def label(self) -> str:
         """The stage's name in errors, task names and ``--set`` paths."""
-        return self.name or getattr(self, "type")
+        return self.name or str(self.model_dump(include={"type"})["type"])
 
 
 # --------------------------------------------------------------------------- context
@@ -145,32 +172,58 @@ class TrainResult:
     metrics: dict[str, float]
 
 
-class Select(Protocol):
+@runtime_checkable
+class Stage(Protocol):
+    """What every stage is, whatever its phases: named, of a kind, with a column contract."""
+
+    kind: ClassVar[StageKind]
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def reads(self) -> frozenset[str]: ...
+
+    @property
+    def writes(self) -> frozenset[str]: ...
+
+    @property
+    def owns(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
+class Select(Stage, Protocol):
     def select(self, ctx: StepContext, chosen: pa.Table) -> pa.Table: ...
 
 
-class Augment(Protocol):
+@runtime_checkable
+class Augment(Stage, Protocol):
     def augment(self, ctx: StepContext, batch: pa.Table) -> pa.Table: ...
 
 
-class Allocate(Protocol):
+@runtime_checkable
+class Allocate(Stage, Protocol):
     def allocate(self, ctx: StepContext, plan: pa.Table) -> pa.Table: ...
 
 
-class OnSegment(Protocol):
+@runtime_checkable
+class OnSegment(Stage, Protocol):
     def on_segment(self, ctx: StepContext, inflight: list[Inflight]) -> dict[int, Decision]: ...
 
 
-class Generate(Protocol):
+@runtime_checkable
+class Generate(Stage, Protocol):
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table: ...
 
 
-class Filter(Protocol):
+@runtime_checkable
+class Filter(Stage, Protocol):
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult: ...
 
 
-class Refill(Protocol):
+@runtime_checkable
+class Refill(Stage, Protocol):
     """Optional on a filter: after a round, how many more prompts the step should draw
     (0: the batch is full, or the filter's bound on extra rounds is reached). It sees the
     step's complete rollouts so far; ``ctx.round`` is the number of rounds already run."""
@@ -178,6 +231,7 @@ class Refill(Protocol):
     def shortfall(self, ctx: StepContext, rollouts: pa.Table) -> int: ...
 
 
+@runtime_checkable
 class Learner(Protocol):
     def update(self, ctx: StepContext, batch: pa.Table) -> TrainResult: ...
 
@@ -186,26 +240,82 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class Train(Protocol):
+@runtime_checkable
+class Train(Stage, Protocol):
     def learner(self, policy: Any, *, seed: int) -> Learner: ...
 
 
-_REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
-    # each entry: alternatives; a class must define every method of at least one
-    "replay": (("select",), ("augment",)),
-    "control": (("allocate",), ("on_segment",)),
-    "generate": (("generate",),),
-    "filter": (("apply",),),
-    "train": (("learner",),),
-    "task": (("train_prompts", "heldout_prompts", "score"),),
-    "policy": (("build",),),
-    "engine": (("build",),),
-    "warmstart": (("run",),),
+P = TypeVar("P", bound=Stage)
+
+
+@dataclass(frozen=True)
+class Phase(Generic[P]):
+    """One row of the phase table: the method a stage of ``kind`` implements, typed by
+    ``protocol``. A stage must implement every phase of its kind that is not
+    ``optional``, and at least one phase of its kind."""
+
+    method: str
+    kind: StageKind
+    protocol: type[P]
+    optional: bool
+    what: str
+
+    def of(self, stages: Iterable[object]) -> list[P]:
+        """The stages of ``stages`` that run in this phase, narrowed to its protocol."""
+        return [s for s in stages if isinstance(s, self.protocol) and s.kind == self.kind]
+
+
+SELECT = Phase("select", "replay", Select, True,
+               "``select(ctx, chosen) -> prompts``: extend the step's prompt choice")
+ALLOCATE = Phase("allocate", "control", Allocate, True,
+                 "``allocate(ctx, plan) -> plan``: samples ``n`` and ``max_tokens`` per prompt")
+ON_SEGMENT = Phase("on_segment", "control", OnSegment, True,
+                   "``on_segment(ctx, inflight) -> decisions``: stop or prune between "
+                   "generation segments (runs inside generate)")
+GENERATE = Phase("generate", "generate", Generate, False,
+                 "``generate(ctx, plan, engine, on_segment) -> rollouts``")
+FILTER = Phase("apply", "filter", Filter, False,
+               "``apply(ctx, rollouts) -> FilterResult``: score columns and/or a keep mask "
+               "with a reason (the loop marks the dropped rows)")
+REFILL = Phase("shortfall", "filter", Refill, True,
+               "``shortfall(ctx, rollouts) -> int``: more prompts for another round")
+AUGMENT = Phase("augment", "replay", Augment, True,
+                "``augment(ctx, batch) -> batch``: mix reused rollouts into the batch")
+TRAIN = Phase("learner", "train", Train, False,
+              "``learner(policy, seed=...) -> Learner``, whose ``update(ctx, batch)`` returns "
+              "advantages and metrics")
+
+PHASES: tuple[Phase[Any], ...] = (SELECT, ALLOCATE, ON_SEGMENT, GENERATE, FILTER, REFILL,
+                                  AUGMENT, TRAIN)
+"""The phases in the order a step runs them (on_segment inside generate, shortfall after
+each round's filters)."""
+
+COMPONENT_METHODS: dict[str, tuple[str, ...]] = {
+    "task": ("train_prompts", "heldout_prompts", "score"),
+    "policy": ("build",),
+    "engine": ("build",),
+    "warmstart": ("run",),
 }
+"""What a component class of each kind must define."""
+
+
+def phase_table() -> str:
+    """The phase table as reStructuredText (the module docstring and CONTRIBUTING.md)."""
+    rows = [(p.kind, f"{p.method}{' (optional)' if p.optional else ''}", p.what)
+            for p in PHASES]
+    widths = [max(len(r[i]) for r in rows + [("kind", "phase", "what")]) for i in range(3)]
+    rule = "  ".join("=" * w for w in widths)
+    header = "  ".join(h.ljust(w) for h, w in zip(("kind", "phase", "what"), widths))
+    lines = [rule, header.rstrip(),
+             rule, *("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows),
+             rule]
+    return "\n".join(lines)
+
 
 # --------------------------------------------------------------------------- registry
 
-REGISTRY: dict[str, dict[str, type[Spec]]] = {kind: {} for kind in _REQUIRED}
+REGISTRY: dict[str, dict[str, type[Spec]]] = {
+    kind: {} for kind in (*STAGE_ORDER, *COMPONENT_METHODS)}
 """kind -> type name -> config class. Populated by :func:`register`."""
 
 S = TypeVar("S", bound=type[Spec])
@@ -242,9 +352,20 @@ def _type_name(cls: type[Spec]) -> str:
 
 
 def _missing_methods(kind: str, cls: type) -> list[str]:
-    options = _REQUIRED[kind]
-    gaps = [[m for m in opt if not callable(getattr(cls, m, None))] for opt in options]
-    return [] if any(not g for g in gaps) else min(gaps, key=len)
+    """What ``cls`` lacks to be registered as ``kind`` (see :data:`PHASES`)."""
+    if kind in COMPONENT_METHODS:
+        return [m for m in COMPONENT_METHODS[kind] if not _defines(cls, m)]
+    phases = [p for p in PHASES if p.kind == kind]
+    missing = [p.method for p in phases if not p.optional and not _defines(cls, p.method)]
+    if not missing and not any(_defines(cls, p.method) for p in phases):
+        missing = [" or ".join(p.method for p in phases)]
+    return missing
+
+
+def _defines(cls: type, method: str) -> bool:
+    # a class attribute lookup by name is what registration checks: the class is not
+    # an instance yet, so the phase protocols cannot be isinstance-checked
+    return callable(getattr(cls, method, None))
 
 
 def lookup(kind: Kind, name: str) -> type[Spec]:
@@ -274,6 +395,4 @@ def load_plugins() -> None:
         ep.load()
 
 
-def implements(stage: object, method: str) -> bool:
-    """Whether ``stage`` provides ``method`` (the optional halves of replay/control)."""
-    return callable(getattr(stage, method, None))
+__doc__ = (__doc__ or "").format(phases=phase_table())

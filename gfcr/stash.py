@@ -20,6 +20,7 @@ flow's process.
 
 from __future__ import annotations
 
+import glob
 import os
 import threading
 from collections import OrderedDict
@@ -62,6 +63,11 @@ class MemoryStash:
     def get(self, ref: TableRef) -> pa.Table:
         return self._tables[ref.key]
 
+    def forget(self, prefix: str) -> None:
+        """Drop the tables whose key starts with ``prefix`` (a finished step's)."""
+        for key in [k for k in self._tables if k.startswith(prefix)]:
+            del self._tables[key]
+
 
 class FileStash:
     """Tables staged as Arrow IPC files under ``root``, for tasks in other processes."""
@@ -76,6 +82,12 @@ class FileStash:
 
     def get(self, ref: TableRef) -> pa.Table:
         return read_arrow(self.root / f"{ref.key}.arrow")
+
+    def forget(self, prefix: str) -> None:
+        """Delete the staged files whose key starts with ``prefix`` (a finished step's)."""
+        for path in self.root.glob(f"{glob.escape(prefix)}**/*.arrow"):
+            if path.relative_to(self.root).as_posix().startswith(prefix):
+                path.unlink(missing_ok=True)
 
 
 class SpillStash:

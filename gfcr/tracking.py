@@ -3,11 +3,12 @@
 One MLflow run per pipeline run, in an experiment named after the pipeline, with a SQLite
 backend under the run root by default (the file store is deprecated) and artifacts in
 ``mlartifacts/`` beside it. Params are the flattened spec, tags hold the spec hash, run
-id and store location, metrics are logged per step, and the pipeline YAML and the
-summary are artifacts. Only the orchestrating process logs. A resumed pipeline run
-continues its MLflow run (found by the ``gfcr.run_id`` tag) rather than starting
-another, and first logs the committed steps that MLflow run lacks, from the store (each
-step's ``steps`` row holds its metrics); the steps it replays are not logged again.
+id and store location, metrics are logged per step, and the pipeline YAML, the summary
+and the report page (``report.html``) are artifacts. Only the orchestrating process logs.
+A resumed pipeline run continues its MLflow run (found by the ``gfcr.run_id`` tag) rather
+than starting another, and first logs the committed steps that MLflow run lacks, from the
+store (each step's ``steps`` row holds its metrics); the steps it replays are not logged
+again.
 
 Step metrics are written in batches, at most one every ``flush_seconds`` (and at each
 evaluation and the run's end), by MLflow's asynchronous logging (a background thread)
@@ -21,12 +22,15 @@ the store still holds and a resume logs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from gfcr.pipeline import Pipeline
 
@@ -35,8 +39,32 @@ def default_uri(root: Path) -> str:
     return f"sqlite:///{(Path(root) / 'mlflow.db').resolve()}"
 
 
+@contextmanager
+def first_use_lock(uri: str) -> Iterator[None]:
+    """An exclusive file lock beside a SQLite MLflow database while the block runs.
+
+    MLflow creates and migrates its schema on a process's first connection; two runs
+    starting together on a fresh root both migrated, and one died in alembic
+    (``CircularDependencyError``). Under this lock the first process sets the schema up
+    (and creates the experiment) while the second waits, then finds both done. Other
+    backends (a tracking server) serialise this themselves.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(uri[len("sqlite:///"):]).with_suffix(".db.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:
     """Nested spec -> {"stages.2.lr": "0.001", ...}; stages are keyed by their name."""
+    items: Iterable[tuple[Any, Any]]
     if isinstance(data, dict):
         items = data.items()
     elif isinstance(data, list):
@@ -73,10 +101,11 @@ class MlflowHook:
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
         self.uri = self.uri or default_uri(root)
         mlflow.set_tracking_uri(self.uri)
-        experiment = mlflow.get_experiment_by_name(pipeline.name)
-        if experiment is None:  # artifacts beside the database, not in ./mlruns
-            artifacts = (Path(root) / "mlartifacts").resolve().as_uri()
-            mlflow.create_experiment(pipeline.name, artifact_location=artifacts)
+        with first_use_lock(self.uri):  # schema set-up and experiment, one process at a time
+            experiment = mlflow.get_experiment_by_name(pipeline.name)
+            if experiment is None and _local(self.uri):  # artifacts beside the database, not in ./mlruns
+                artifacts = (Path(root) / "mlartifacts").resolve().as_uri()
+                mlflow.create_experiment(pipeline.name, artifact_location=artifacts)
         mlflow.set_experiment(pipeline.name)
         earlier = _find_run(pipeline.name, run_id) if resumed else None
         if earlier is not None:  # params are immutable in MLflow: keep the first ones
@@ -88,8 +117,9 @@ class MlflowHook:
             items = list(params.items())
             for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
                 mlflow.log_params(dict(items[i:i + 100]))
+            where = store.uri if store is not None else str((Path(root) / "store").resolve())
             mlflow.set_tags({"gfcr.run_id": run_id, "gfcr.spec_hash": pipeline.spec_hash(),
-                             "gfcr.store": str((Path(root) / "store").resolve())})
+                             "gfcr.store": str(where)})
         mlflow.log_text(pipeline.to_yaml(), "pipeline.yaml")
         if resumed and store is not None:
             self._backfill(store, run_id)
@@ -130,8 +160,10 @@ class MlflowHook:
                 summary.mlflow = self.uri
                 mlflow.log_text(json.dumps(summary.as_dict(), indent=2, default=str),
                                 "summary.json")
+                if summary.report:  # the run's report page (gfcr.report.publish)
+                    mlflow.log_artifact(summary.report)
         finally:
-            mlflow.end_run(status="FINISHED" if status == "finished" else "FAILED")
+            mlflow.end_run(status=_END_STATUS.get(status, "FAILED"))
             self._run = None
 
     def _backfill(self, store: Any, run_id: str) -> None:
@@ -168,6 +200,16 @@ class MlflowHook:
         pending, self._pending = self._pending, []
         for operation in pending:
             operation.wait()
+
+
+_END_STATUS = {"finished": "FINISHED", "cancelled": "KILLED"}
+"""MLflow's run status for a gfcr run's final status (anything else: FAILED)."""
+
+
+def _local(uri: str) -> bool:
+    """Whether ``uri`` is a database or folder this process writes itself (not a
+    tracking server, which places artifacts where it was told to)."""
+    return not uri.startswith(("http://", "https://", "databricks"))
 
 
 MAX_BATCH = 1000

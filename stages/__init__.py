@@ -10,12 +10,13 @@ from stages.control.budget import TokenBudget
 from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.engines.hf import HF
+from stages.engines.vllm import VLLM
 from stages.engines.tiny import HFCheckpoint, TinyLlama
 from stages.filter.d3s import D3S
 from stages.filter.dynamic import DynamicSampling
 from stages.filter.overlong import Overlong
 from stages.filter.roc import ResampleOnCorrect
-from stages.filter.sandbox import Limits
+from stages.filter.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
@@ -33,9 +34,9 @@ from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
-__all__ = ["HF", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
-           "D3S", "Overlong", "ResampleOnCorrect", "Limits", "CodeTests", "Function", "Match",
+           "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from gfcr.rollout import col
 
 from . import _tables
-from ._duck import Catalog
+from ._duck import Catalog, scalar
 
 COMMIT_AUTHOR = "gfcr"
 STAGE_MIN_ROWS = 256
@@ -75,8 +75,8 @@ def discard(staged_file: Callable[[], Path | None]) -> None:
 
 def is_committed(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> bool:
     """Whether (run, step) has its ``steps`` row, as this connection's transaction sees it."""
-    row = con.execute("SELECT count(*) FROM lake.steps WHERE run_id = ? AND step = ?", [run_id, step]).fetchone()
-    return bool(row[0])
+    return bool(scalar(con, "SELECT count(*) FROM lake.steps WHERE run_id = ? AND step = ?",
+                       [run_id, step]))
 
 
 def body(con: duckdb.DuckDBPyConnection, table: pa.Table, step_row: pa.Table,
@@ -108,7 +108,7 @@ def body(con: duckdb.DuckDBPyConnection, table: pa.Table, step_row: pa.Table,
 
 def last_committed_snapshot(con: duckdb.DuckDBPyConnection) -> int:
     """The snapshot this connection's DuckDB instance committed last (its own commit)."""
-    return con.execute("SELECT * FROM lake.last_committed_snapshot()").fetchone()[0]
+    return int(str(scalar(con, "SELECT * FROM lake.last_committed_snapshot()")))
 
 
 def step_snapshot(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> int | None:

@@ -46,16 +46,30 @@ class Catalog:
     kind: str            # "sqlite" | "postgres"
     target: str          # sqlite file path or libpq connection string
     data_path: str       # folder (with trailing slash) for Parquet data
+    override_data_path: bool = False
+    """Attach with ``data_path`` whatever the catalog recorded: a store folder's own
+    ``data/``, so a copied or moved store reads its own files (store._catalog)."""
+    wal: bool = True
+    """A SQLite catalog opened read-write runs in WAL mode (not while it is built)."""
 
     @property
     def attach_uri(self) -> str:
         return f"ducklake:{self.kind}:{self.target}"
 
 
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None
+           ) -> object:
+    """The first column of the one row ``sql`` returns (an aggregate, a table function)."""
+    row = con.execute(sql, params or []).fetchone()
+    if row is None:
+        raise RuntimeError(f"the store's query returned no row: {sql}")
+    return row[0]
+
+
 def extension_path(name: str) -> Path:
     """Path of the loadable file for extension ``name`` ("ducklake", "sqlite", "postgres")."""
     module = __import__(f"duckdb_extension_{name}")
-    source = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    source = Path(str(module.__file__)).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
     if not source.is_file():
         raise FileNotFoundError(f"extension file {str(source)!r} is missing; "
                                 f"duckdb-extension-{name} must match duckdb=={duckdb.__version__}")
@@ -91,7 +105,8 @@ def _linked(source: Path, name: str) -> Path:
     return target
 
 
-def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb.DuckDBPyConnection:
+def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake",
+            sandbox: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the lake attached as ``alias``.
 
     Read-only connections attach the catalog read-only, so they never take a write lock
@@ -100,6 +115,12 @@ def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb
     and keeps DuckDB's in-memory database in use: registering an Arrow table (each step
     commit does) resolves the name against the database in use, which for a DuckLake is a
     catalog round trip (about 10 ms a table, against under 1 ms).
+
+    ``sandbox`` (read-only only; the connection ``gfcr sql`` runs on): once the lake is
+    attached, files outside the store's folder and data path cannot be read or written
+    (``allowed_directories`` with ``enable_external_access = false``: no
+    ``read_text('/etc/shadow')``, no network, no extension loading), and
+    ``lock_configuration`` keeps a query from changing that.
     """
     con = duckdb.connect(config={"autoinstall_known_extensions": False,
                                  "autoload_known_extensions": False})
@@ -112,10 +133,22 @@ def connect(catalog: Catalog, *, read_only: bool, alias: str = "lake") -> duckdb
         con.execute(f"ATTACH {quote_literal(catalog.attach_uri)} AS {alias} ({_attach_options(catalog, read_only)})")
         if read_only:
             con.execute(f"USE {alias}")
+        if sandbox:
+            _lock_down(con, catalog)
     except BaseException:
         con.close()
         raise
     return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, catalog: Catalog) -> None:
+    folders = [catalog.data_path] if "://" not in catalog.data_path else []
+    if catalog.kind == "sqlite":
+        folders.append(str(Path(catalog.target).parent).rstrip("/") + "/")
+    listed = ", ".join(quote_literal(f) for f in folders)
+    con.execute(f"SET allowed_directories = [{listed}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 @contextmanager
@@ -130,11 +163,14 @@ def all_threads(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
 
 
 def _attach_options(catalog: Catalog, read_only: bool) -> str:
-    if read_only:
-        return "READ_ONLY"
-    options = [f"DATA_PATH {quote_literal(catalog.data_path)}"]
-    if catalog.kind == "sqlite":
-        options += ["META_JOURNAL_MODE 'WAL'", "META_BUSY_TIMEOUT 10000"]
+    options = ["READ_ONLY"] if read_only else []
+    if not read_only or catalog.override_data_path:
+        options.append(f"DATA_PATH {quote_literal(catalog.data_path)}")
+    if catalog.override_data_path:
+        options.append("OVERRIDE_DATA_PATH true")
+    if not read_only and catalog.kind == "sqlite":
+        options += ["META_JOURNAL_MODE 'WAL'"] if catalog.wal else []
+        options += ["META_BUSY_TIMEOUT 10000"]
     return ", ".join(options)
 
 

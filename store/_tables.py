@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError
 
-from ._duck import quote_ident, rollback
+from ._duck import quote_ident, rollback, with_retry
+from ._location import StoreError
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -37,10 +38,32 @@ RUNS_SCHEMA = pa.schema([
     pa.field("started_at", _TS, nullable=False),
     pa.field("finished_at", _TS),
     pa.field("store", pa.string(), nullable=False),
+    pa.field("error", pa.string()),
 ])
-"""One row per pipeline run: its spec, code version and status."""
+"""One row per pipeline run: its spec, code version, status (running, finished, failed,
+crashed, ...), when it ended and, for a run that did not finish, why (``error``)."""
 
-TABLES = {"rollouts": ROLLOUT_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA}
+EVALUATIONS_SCHEMA = pa.schema([
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("label", pa.string(), nullable=False),
+    pa.field("accuracy", pa.float64(), nullable=False),
+    pa.field("n_prompts", pa.int64(), nullable=False),
+    pa.field("temperature", pa.float64(), nullable=False),
+    pa.field("max_tokens", pa.int64(), nullable=False),
+    pa.field("evaluated_at", _TS, nullable=False),
+])
+"""One row per held-out evaluation of a run: after ``step`` training steps (``label``
+``initial``: before the warm start, ``step=N`` otherwise), the share of ``n_prompts``
+held-out prompts answered with full credit, decoded at ``temperature`` (0: greedy) with
+at most ``max_tokens`` tokens. A run evaluated again under the same label (a resume)
+replaces its row."""
+
+TABLES = {"rollouts": ROLLOUT_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA,
+          "evaluations": EVALUATIONS_SCHEMA}
+ADDED_LATER = frozenset({"evaluations"})
+"""Tables a store made by an older gfcr may lack: created when it is next opened for
+writing, and not required to read it."""
 
 
 def duckdb_types(con: duckdb.DuckDBPyConnection, schema: pa.Schema) -> dict[str, str]:
@@ -67,6 +90,39 @@ def missing_tables(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> list[
     present = {row[0] for row in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [alias]).fetchall()}
     return [name for name in TABLES if name not in present]
+
+
+def prepare(con: duckdb.DuckDBPyConnection, shown: str, *, writable: bool,
+            alias: str = "lake") -> None:
+    """Check that the attached lake is a gfcr store and bring it up to this version.
+
+    A lake that holds tables but none of the store's is someone else's: refused, naming
+    what it holds. A store missing newer tables or ``runs`` columns gets them when opened
+    ``writable``; read-only, a store missing tables is refused.
+    """
+    present = sorted(r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [alias]).fetchall())
+    missing = [name for name in TABLES if name not in present]
+    if missing and present and len(missing) == len(TABLES):
+        raise StoreError(f"{shown!r} is a DuckLake catalog but not a gfcr store: it holds "
+                         f"table(s) {present[:8]} and none of {sorted(TABLES)}")
+    required = [name for name in missing if name not in ADDED_LATER]
+    if required and not writable:
+        raise StoreError(f"{shown!r} is not a gfcr store: its catalog lacks table(s) {required}")
+    if missing and writable:
+        with_retry(lambda: create_tables(con, alias))
+    if writable:
+        with_retry(lambda: _add_runs_columns(con, alias))
+
+
+def _add_runs_columns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """Columns of RUNS_SCHEMA that a store made by an earlier gfcr lacks (nullable)."""
+    have = lake_columns(con, "runs", alias)
+    types = duckdb_types(con, RUNS_SCHEMA)
+    for name in RUNS_SCHEMA.names:
+        if name not in have:
+            con.execute(f"ALTER TABLE {alias}.runs ADD COLUMN IF NOT EXISTS {quote_ident(name)} "
+                        f"{types[name]}")
 
 
 def create_tables(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:

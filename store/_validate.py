@@ -21,7 +21,7 @@ def batch(rollouts: pa.Table, run_id: str, step: int) -> pa.Table:
     if not isinstance(rollouts, pa.Table):
         raise TypeError(f"rollouts must be a pyarrow.Table, got {type(rollouts).__name__}")
     table = conform(rollouts, where=f"rollouts of run {run_id!r} step {step}")
-    problems = []
+    problems: list[str] = []
     _count(problems, col.REWARD, _not_finite(table.column(col.REWARD)), "NaN or infinite value(s)")
     rewards = table.column(col.REWARDS)
     items = pa.chunked_array([chunk.items for chunk in rewards.chunks], type=pa.float64())

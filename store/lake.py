@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import duckdb
 import pyarrow as pa
@@ -30,9 +31,9 @@ import pyarrow.compute as pc
 
 from gfcr.rollout import col
 
-from . import _commit, _tables, _validate
-from ._duck import Catalog, connect, rollback, with_retry
-from ._guard import ReadOnlyError, check_read_only
+from . import _catalog, _commit, _tables, _validate
+from ._duck import Catalog, connect, rollback, scalar, with_retry
+from ._guard import ReadOnlyError, check_read_only, excerpt, short
 from ._location import StoreError, redact, resolve
 from .views import create_views
 
@@ -58,8 +59,11 @@ class RolloutStore:
         self.read_only = read_only
         self._con = con
         self._reader: duckdb.DuckDBPyConnection | None = con if read_only else None
+        self._query_con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.RLock()
         self._stager: ThreadPoolExecutor | None = None  # writes staged files (_commit)
+        self._guards: dict[str, Callable[[], None]] = {}
+        """Per run id, a check a commit of that run calls first (its lease: store.lease)."""
         self._committed_schemas: set[pa.Schema] = set()
         """Schemas of batches committed through this store: the rollouts table has their
         columns with their types (columns are only ever added), so a batch of one of them
@@ -78,15 +82,13 @@ class RolloutStore:
         catalog, new = resolve(uri, data_path=data_path, read_only=read_only, create=create)
         shown = redact(os.fspath(uri))
         try:
+            if new and catalog.kind == "sqlite":
+                with_retry(lambda: _build_folder_catalog(catalog))
             con = with_retry(lambda: connect(catalog, read_only=read_only))
         except duckdb.Error as exc:
             raise StoreError(f"cannot open store {shown!r}: {exc}") from exc
         try:
-            missing = _tables.missing_tables(con)
-            if missing and (read_only or (not create and not new)):
-                raise StoreError(f"{shown!r} is not a gfcr store: its catalog lacks table(s) {missing}")
-            if missing:
-                with_retry(lambda: _tables.create_tables(con))
+            _tables.prepare(con, shown, writable=not read_only and (create or new))
             create_views(con)
         except BaseException:
             con.close()
@@ -102,9 +104,10 @@ class RolloutStore:
     def close(self) -> None:
         """Close the store's connections; the store cannot be used afterwards."""
         with self._lock:
-            for con in {id(c): c for c in (self._con, self._reader) if c is not None}.values():
+            cons = (self._con, self._reader, self._query_con)
+            for con in {id(c): c for c in cons if c is not None}.values():
                 con.close()
-            self._reader = None
+            self._reader = self._query_con = None
             if self._stager is not None:
                 self._stager.shutdown()
                 self._stager = None
@@ -122,13 +125,13 @@ class RolloutStore:
         row = pa.table({"run_id": [run_id], "pipeline": [pipeline], "spec_yaml": [spec_yaml],
                         "spec_hash": [spec_hash], "code_version": [code_version],
                         "status": ["running"], "started_at": [_now()], "finished_at": [None],
-                        "store": [self.uri]}, schema=_tables.RUNS_SCHEMA)
+                        "store": [self.uri], "error": [None]}, schema=_tables.RUNS_SCHEMA)
 
         def attempt() -> bool:
             def body(con: duckdb.DuckDBPyConnection) -> bool:
                 if _run_exists(con, run_id):
-                    con.execute("UPDATE lake.runs SET status = 'running', finished_at = NULL "
-                                "WHERE run_id = ? AND status <> 'running'", [run_id])
+                    con.execute("UPDATE lake.runs SET status = 'running', finished_at = NULL, "
+                                "error = NULL WHERE run_id = ? AND status <> 'running'", [run_id])
                     return False
                 con.register("_gfcr_run", row)
                 con.execute("INSERT INTO lake.runs BY NAME SELECT * FROM _gfcr_run")
@@ -137,17 +140,43 @@ class RolloutStore:
         with self._lock:
             return with_retry(attempt)
 
-    def finish_run(self, run_id: str, status: str) -> None:
-        """Set the run's final ``status`` (e.g. "finished", "failed") and ``finished_at``."""
+    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        """Set the run's final ``status`` (e.g. "finished", "failed", "crashed"),
+        ``finished_at`` and, for a run that did not finish, why (``error``)."""
         self._writable("finish_run")
 
         def body(con: duckdb.DuckDBPyConnection) -> None:
             if not _run_exists(con, run_id):
                 raise StoreError(f"no run {run_id!r} in store {self.uri!r}; call start_run first")
-            con.execute("UPDATE lake.runs SET status = ?, finished_at = ? WHERE run_id = ?",
-                        [status, _now(), run_id])
+            con.execute("UPDATE lake.runs SET status = ?, finished_at = ?, error = ? "
+                        "WHERE run_id = ?", [status, _now(), error, run_id])
         with self._lock:
             with_retry(lambda: self._transaction(body))
+
+    def record_evaluation(self, run_id: str, step: int, label: str, *, accuracy: float,
+                          n_prompts: int, temperature: float, max_tokens: int) -> None:
+        """Record a held-out evaluation in ``evaluations``, replacing the run's row of the
+        same ``label`` (a resumed run that evaluates again stores it once)."""
+        self._writable("record_evaluation")
+        row = pa.table({"run_id": [run_id], "step": [step], "label": [label],
+                        "accuracy": [float(accuracy)], "n_prompts": [n_prompts],
+                        "temperature": [float(temperature)], "max_tokens": [max_tokens],
+                        "evaluated_at": [_now()]}, schema=_tables.EVALUATIONS_SCHEMA)
+
+        def body(con: duckdb.DuckDBPyConnection) -> None:
+            con.execute("DELETE FROM lake.evaluations WHERE run_id = ? AND label = ?",
+                        [run_id, label])
+            con.register("_gfcr_run", row)  # unregistered by _transaction
+            con.execute("INSERT INTO lake.evaluations BY NAME SELECT * FROM _gfcr_run")
+        with self._lock:
+            with_retry(lambda: self._transaction(body))
+
+    def set_guard(self, run_id: str, check: Callable[[], None] | None) -> None:
+        """Make each ``commit_step`` of ``run_id`` call ``check`` first (None: no more)."""
+        if check is None:
+            self._guards.pop(run_id, None)
+        else:
+            self._guards[run_id] = check
 
     # -- steps --------------------------------------------------------------------------
 
@@ -160,6 +189,9 @@ class RolloutStore:
         Extra columns become new nullable columns of ``rollouts``.
         """
         self._writable("commit_step")
+        guard = self._guards.get(run_id)
+        if guard is not None:
+            guard()
         table = _validate.batch(rollouts, run_id, step)
         step_row = pa.table({
             "run_id": [run_id], "step": [step], "policy_version": [policy_version],
@@ -192,7 +224,7 @@ class RolloutStore:
         """
         statements = check_read_only(query)
         with self._lock:
-            con = self._read()
+            con = self._query()
             try:
                 for statement in statements[:-1]:
                     con.execute(statement)
@@ -200,8 +232,14 @@ class RolloutStore:
             except duckdb.Error as exc:
                 if "read-only mode" not in str(exc):
                     raise
-                raise ReadOnlyError(f"the store is read-only through this path: {query!r} "
-                                    f"tried to write ({exc})") from exc
+                raise ReadOnlyError(f"the store is read-only through this path: "
+                                    f"{excerpt(query)} tried to write ({short(exc)})") from exc
+
+    def interrupt(self) -> None:
+        """Stop the statement ``sql`` is running (call it from another thread: Ctrl-C)."""
+        con = self._query_con
+        if con is not None:
+            con.interrupt()
 
     def read_rollouts(self, where: str | None = None, params: list[Any] | None = None) -> pa.Table:
         """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns)."""
@@ -231,6 +269,15 @@ class RolloutStore:
     def _writable(self, what: str) -> None:
         if self.read_only:
             raise ReadOnlyError(f"store {self.uri!r} is open read-only; {what} needs read_only=False")
+
+    def _query(self) -> duckdb.DuckDBPyConnection:
+        """The connection ``sql`` runs user SQL on: read-only, and sandboxed (no file
+        outside the store, no network, settings locked; store._duck.connect)."""
+        if self._query_con is None:
+            self._query_con = with_retry(lambda: connect(self.catalog, read_only=True,
+                                                         sandbox=True))
+            create_views(self._query_con)
+        return self._query_con
 
     def _read(self) -> duckdb.DuckDBPyConnection:
         if self._reader is None:
@@ -271,8 +318,28 @@ class RolloutStore:
                 con.unregister(name)
 
 
+def _build_folder_catalog(catalog: Catalog) -> None:
+    """A new store folder's catalog, with its tables, built aside and linked into place
+    whole (store._catalog); a catalog another process published first is kept."""
+    target = Path(catalog.target)
+    temp = _catalog.temp_path(target)
+    build = replace(catalog, target=str(temp), override_data_path=False, wal=False,
+                    data_path=_catalog.RELATIVE_DATA_PATH if catalog.override_data_path
+                    else catalog.data_path)
+    try:
+        con = connect(build, read_only=False)
+        try:
+            _tables.create_tables(con)
+        finally:
+            con.close()
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _catalog.publish(temp, target)
+
+
 def _run_exists(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM lake.runs WHERE run_id = ?", [run_id]).fetchone()[0])
+    return bool(scalar(con, "SELECT count(*) FROM lake.runs WHERE run_id = ?", [run_id]))
 
 
 def _now() -> datetime:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ._duck import all_threads, quote_literal, with_retry
+from ._duck import all_threads, quote_literal, scalar, with_retry
 from ._guard import ReadOnlyError, check_read_only
 from .lake import RolloutStore
 from .views import VIEWS
@@ -95,6 +95,5 @@ def compact(store: RolloutStore) -> CompactResult:
 
 
 def _data_files(store: RolloutStore) -> int:
-    row = store.connection().execute(
-        "SELECT count(*) FROM ducklake_list_files('lake', 'rollouts')").fetchone()
-    return int(row[0])
+    return int(str(scalar(store.connection(),
+                          "SELECT count(*) FROM ducklake_list_files('lake', 'rollouts')")))

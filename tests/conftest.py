@@ -11,6 +11,10 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+"""Two 1-2 digit terms: short answers for a tiny policy."""
+
+
 def tiny_pipeline(**overrides):
     """A pipeline small enough to run a step in about a second on one CPU core."""
     from gfcr import Evaluation, Pipeline
@@ -19,8 +23,11 @@ def tiny_pipeline(**overrides):
 
     fields = dict(
         name="tiny", seed=0, steps=2,
-        task=ReasoningGym(train_size=64, heldout_size=16),
-        policy=TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+        task=ReasoningGym(train_size=64, heldout_size=16, config=SUMS),
+        # the character tokenizer: the suite's statistical expectations (lengths of random
+        # completions stopped by a digit) were set with its 101-id vocabulary
+        policy=TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                         tokenizer="char"),
         engine=HF(device="cpu"),
         stages=[UniformSampler(batch=4), GroupSample(n=4, max_tokens=6), Verify(),
                 DynamicSampling(), GRPO(lr=1e-3)],

@@ -30,7 +30,7 @@ from pydantic import Field, model_validator
 
 from gfcr.rollout import col
 from gfcr.stage import StageSpec, StepContext, register
-from stages.generate.rows import RECYCLE
+from gfcr.rollout import RECYCLE
 
 Rule = Literal["uncertainty", "sqrt", "hard"]
 
@@ -50,9 +50,12 @@ class RolloutAllocator(StageSpec):
     budget: int = Field(64, ge=1)
     """Samples per step, summed over the fresh prompts of the plan."""
     rule: Rule = "uncertainty"
+    """``uncertainty``: greedy posterior-variance reduction; ``sqrt``: proportional to
+    sqrt(m(1-m)); ``hard``: to 1/m (m: a prompt's posterior mean pass rate)."""
     min_n: int = Field(2, ge=1)
     """At least this many samples per prompt (2: a group needs two for an advantage)."""
     max_n: int = Field(32, ge=1)
+    """At most this many samples per prompt."""
 
     writes: ClassVar[frozenset[str]] = frozenset({"n"})
     owns: ClassVar[frozenset[str]] = frozenset({"n"})

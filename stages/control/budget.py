@@ -18,7 +18,7 @@ from gfcr.engine import Decision, Inflight
 from gfcr.rollout import col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.control.allocate import fresh_rows, posterior, put_column
-from stages.generate.rows import RECYCLE
+from gfcr.rollout import RECYCLE
 
 
 @register("control")
@@ -50,19 +50,21 @@ class TokenBudget(StageSpec):
     budget: int = Field(4096, ge=1)
     """Generated tokens per step, all samples of all prompts."""
     split: Literal["informative", "uniform", "off"] = "informative"
+    """How the budget is split into per-sample caps (see the class docstring)."""
     min_tokens: int = Field(4, ge=1)
     """No sample's cap goes below this."""
     abort: Literal["prune", "stop", "off"] = "prune"
+    """What happens to in-flight samples once the budget is spent (see the class docstring)."""
 
     writes: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
 
     @property
-    def owns(self) -> frozenset[str]:  # type: ignore[override]
+    def owns(self) -> frozenset[str]:
         """max_tokens, and the stop decision when aborting keeps partial rollouts."""
         return frozenset({"max_tokens"} | ({"stop"} if self.abort == "stop" else set()))
 
     @property
-    def reads(self) -> frozenset[str]:  # type: ignore[override]
+    def reads(self) -> frozenset[str]:
         """Stopped rollouts must be continued: ``abort="stop"`` needs RecyclePartials."""
         return frozenset({RECYCLE}) if self.abort == "stop" else frozenset()
 

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from gfcr.engine import Decision, Flight, Inflight
 from gfcr.stage import StageSpec, StepContext, register
-from stages.generate.rows import RECYCLE
+from gfcr.rollout import RECYCLE
 
 
 @register("control")

@@ -62,6 +62,7 @@ class OnlinePrune(StageSpec):
     window: int = Field(4, ge=1)
     """Steps of history the head is trained on."""
     min_examples: int = Field(64, ge=1)
+    """Training prefixes the head needs before anything is pruned."""
 
     owns: ClassVar[frozenset[str]] = frozenset({"prune"})
 
@@ -101,11 +102,12 @@ class OnlinePrune(StageSpec):
         return decisions
 
 
-def balance_prunes(p: Sequence[float], budget: int, margin: float) -> list[int]:
+def balance_prunes(probs: Sequence[float] | np.ndarray, budget: int,
+                   margin: float) -> list[int]:
     """Indices to prune so the likely-correct (p >= 1/2) and likely-wrong sides even out:
     the most confident members of the larger side, only those with |p - 1/2| >= margin,
     at most ``budget``. Ties: the earlier index first."""
-    p = np.asarray(p, dtype=float)
+    p = np.asarray(probs, dtype=float)
     right = p >= 0.5
     larger = right if right.sum() > (~right).sum() else ~right
     excess = int(larger.sum() - (~larger).sum())

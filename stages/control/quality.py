@@ -76,7 +76,7 @@ def fit(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-2, iters: int = 25) -> H
     return Head(mean=mean, scale=scale, weights=w, examples=len(y))
 
 
-def examples(logprobs: list[Sequence[float]], rewards: Sequence[float],
+def examples(logprobs: Sequence[Sequence[float]], rewards: Sequence[float],
              stride: int) -> tuple[np.ndarray, np.ndarray]:
     """Training prefixes: each rollout cut every ``stride`` tokens, strictly shorter
     than itself (a hook only sees a sequence while it runs), labelled by its reward."""

@@ -6,8 +6,8 @@ Runs on CPU or GPU over any causal LM with the transformers call convention. It 
 first). The version lives on the policy (``policy.version``), so engine and learner agree
 on it. Requests are decoded in waves of at most ``max_batch`` sequences, left-padded, with
 position ids counted from each sequence's first real token, so a batched greedy result
-equals the single-sequence one. Before each wave the hook's ``wave(keys)``, when it has
-one, learns which requests start (``gfcr.engine.SegmentHook``), so hooks that count groups
+equals the single-sequence one. Before each wave the hook's ``wave(keys)`` learns which
+requests start (``gfcr.engine.SegmentHook``), so hooks that count groups
 (APRIL, ARRoL) work over several waves. Every ``segment_tokens`` new tokens the in-flight
 hook may stop (finish_reason "aborted", kept as a partial) or prune ("pruned") sequences;
 finished ones leave the batch and the KV cache (an index selection) as soon as that saves
@@ -17,8 +17,8 @@ completion text ending after the prefix; the token that completed it stays.
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
 truncation. That is exactly what a teacher-forced forward pass at the same temperature
-computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass (the single
-source of truth the trainer uses too). It equals vLLM's ``processed_logprobs`` at
+computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass
+(:mod:`stages.logprobs`, which the trainer and the tree's branch points use too). It equals vLLM's ``processed_logprobs`` at
 ``top_p=1``; with ``top_p<1`` vLLM renormalises over the nucleus and this engine does not.
 
 Sampling is seeded with a ``torch.Generator`` (``SamplingParams.seed``, else one seeded
@@ -33,18 +33,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from transformers import DynamicCache
 
-from gfcr.engine import (Decision, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
-                         SegmentHook)
+from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
 from gfcr.stage import Spec, register
-
-_DECISION_REASON: dict[str, str] = {"stop": "aborted", "prune": "pruned"}
+from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq
+from stages.logprobs import completion_logprobs, log_probs
 
 
 @register("engine")
@@ -56,8 +54,12 @@ class HF(Spec):
     """
 
     type: Literal["hf"] = "hf"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"segments", "continuation", "teacher_forcing"})
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; ``auto`` picks CUDA when torch sees it."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype (autocast below the weights' float32)."""
     max_batch: int = Field(256, ge=1)
     """Most sequences decoded at once; more requests are processed in waves."""
     threads: int | None = Field(1, ge=1)
@@ -72,7 +74,7 @@ class HF(Spec):
         elif device == "cuda" and not torch.cuda.is_available():
             raise ValueError("hf engine: device='cuda' but torch sees no CUDA device")
         model_dtype = next(policy.model.parameters()).dtype
-        want = getattr(torch, self.dtype)
+        want = getattr(torch, self.dtype)  # a torch dtype by its config name
         if want != model_dtype and model_dtype != torch.float32:
             raise ValueError(f"hf engine: dtype={self.dtype!r} but the policy weights are "
                              f"{model_dtype}; only float32 weights can run at another dtype")
@@ -87,11 +89,8 @@ class HF(Spec):
 
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The convention: log_softmax(logits / T), or of the raw logits when T == 0."""
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1)
+    """The convention (:func:`stages.logprobs.log_probs`) on the sampling path."""
+    return log_probs(logits, temperature)
 
 
 def token_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
@@ -105,29 +104,13 @@ def token_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
 def batch_token_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
                          temperature: float = 1.0, pad_id: int = 0
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced logprobs of many completions in one right-padded forward pass.
+    """Teacher-forced logprobs of many completions: the one forward pass the trainer and
+    the tree share (:func:`stages.logprobs.completion_logprobs`).
 
     Returns ``(logprobs, mask)``, both ``[batch, longest completion]``: row i holds the
     logprobs of completion i's tokens, zero where ``mask`` is False (padding).
     """
-    if len(prompts) != len(completions):
-        raise ValueError(f"batch_token_logprobs: {len(prompts)!r} prompts but "
-                         f"{len(completions)!r} completions")
-    if any(not p for p in prompts):
-        raise ValueError("batch_token_logprobs: every prompt needs at least one token")
-    device = next(model.parameters()).device
-    ids, attn = _right_pad([list(p) + list(c) for p, c in zip(prompts, completions)], pad_id)
-    width = ids.shape[1]
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
-    n_out = max((len(c) for c in completions), default=0)
-    # position j of completion i is predicted by logits at len(prompt_i) - 1 + j
-    starts = torch.tensor([len(p) - 1 for p in prompts], device=device)
-    where = (starts[:, None] + torch.arange(n_out, device=device)[None, :]).clamp(max=width - 1)
-    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1]))
-    targets, mask = _right_pad([list(c) for c in completions], 0, width=n_out)
-    targets, mask = targets.to(device), mask.to(device).bool()
-    logprobs = _log_probs(picked, temperature).gather(-1, targets[:, :, None]).squeeze(-1)
-    return logprobs.masked_fill(~mask, 0.0), mask
+    return completion_logprobs(model, prompts, completions, temperature, pad_id)
 
 
 def _right_pad(rows: list[list[int]], pad_id: int, width: int | None = None
@@ -165,26 +148,6 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- engine
-
-
-@dataclass
-class _Seq:
-    """One request's state during a call."""
-
-    req: GenRequest
-    budget: int
-    """New tokens this call may still add (cap minus prefix)."""
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    reason: str | None = None
-    seconds: float = 0.0
-    scan_from: int = 0
-    """Stop strings are looked for in the completion text from here on."""
-
-    def view(self) -> Inflight:
-        return Inflight(key=self.req.key, completion_ids=self.req.prefix_ids + self.ids,
-                        logprobs=self.req.prefix_logprobs + self.logprobs,
-                        new_tokens=len(self.ids))
 
 
 class HFEngine:
@@ -236,15 +199,14 @@ class HFEngine:
                  on_segment: SegmentHook | None = None) -> list[GenOutput]:
         """Generate every request, in waves of ``max_batch``; outputs in request order."""
         t0 = time.perf_counter()
-        _check_keys(requests)
-        seqs = [_new_seq(r, params) for r in requests]
+        check_keys(requests)
+        seqs = [new_seq(r, params) for r in requests]
         gen = self._gen
         if params.seed is not None:
             gen = torch.Generator(device=self._device)
             gen.manual_seed(params.seed)
         todo = [s for s in seqs if s.reason is None]
         at_once = [s.req.key for s in seqs if s.reason is not None]
-        announce = getattr(on_segment, "wave", None)
         model = self._policy.model
         was_training = model.training
         model.eval()
@@ -252,8 +214,8 @@ class HFEngine:
             with torch.inference_mode(), self._autocast_ctx():
                 for at in range(0, len(todo), self._max_batch):
                     wave = todo[at:at + self._max_batch]
-                    if callable(announce):  # the hook learns which requests have started
-                        announce([s.req.key for s in wave] + (at_once if at == 0 else []))
+                    if on_segment is not None:  # the hook learns which requests have started
+                        on_segment.wave([s.req.key for s in wave] + (at_once if at == 0 else []))
                     _Wave(self, wave, params, gen, on_segment, t0).run()
         finally:
             model.train(was_training)
@@ -270,38 +232,16 @@ class HFEngine:
         return torch.autocast(device_type=self._device.type, dtype=self._autocast)
 
 
-def _new_seq(req: GenRequest, params: SamplingParams) -> _Seq:
-    """Validate one request; one whose cap leaves no room finishes at once ("length")."""
-    if len(req.prefix_logprobs) != len(req.prefix_ids):
-        raise ValueError(f"request key={req.key!r}: {len(req.prefix_ids)!r} prefix_ids but "
-                         f"{len(req.prefix_logprobs)!r} prefix_logprobs")
-    if not req.prompt_ids and not req.prefix_ids:
-        raise ValueError(f"request key={req.key!r} has no prompt or prefix tokens")
-    cap = params.max_tokens if req.max_tokens is None else req.max_tokens
-    seq = _Seq(req=req, budget=cap - len(req.prefix_ids))
-    if seq.budget <= 0:
-        seq.reason = "length"
-    return seq
-
-
-def _check_keys(requests: list[GenRequest]) -> None:
-    """Keys must be unique: hook decisions and results are matched by them."""
-    seen: set[int] = set()
-    for r in requests:
-        if r.key in seen:
-            raise ValueError(f"request key {r.key!r} appears twice; keys must be unique")
-        seen.add(r.key)
-
-
 class _Wave:
     """Decode up to ``max_batch`` sequences together until each one finishes."""
 
-    def __init__(self, engine: HFEngine, seqs: list[_Seq], params: SamplingParams,
+    def __init__(self, engine: HFEngine, seqs: list[Seq], params: SamplingParams,
                  gen: torch.Generator, hook: SegmentHook | None, t0: float) -> None:
         self.engine, self.params, self.gen, self.hook, self.t0 = engine, params, gen, hook, t0
         self.live = seqs
         self.model = engine.policy.model
         self.eos = engine.policy.tokenizer.eos_token_id
+        # getattr: transformers config attribute, absent in some versions
         self.sdpa = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
         self.stops = tuple(x for x in params.stop if x)  # "" would stop at once
         if self.stops:
@@ -395,7 +335,7 @@ class _Wave:
             if s.reason is not None:
                 s.seconds = now
 
-    def _hit_stop(self, s: _Seq) -> bool:
+    def _hit_stop(self, s: Seq) -> bool:
         """Whether a stop string ends in the text this call added (it may start in the
         prefix). Decodes the whole completion: token boundaries need not be char ones."""
         text = self.engine.decode(s.req.prefix_ids + s.ids)
@@ -406,16 +346,6 @@ class _Wave:
     def _ask_hook(self) -> None:
         """Show the unfinished sequences to the hook and apply its decisions; keys it
         returns that are not in flight (finished earlier, other waves) are ignored."""
-        running = [s for s in self.live if s.reason is None]
-        if not running:
-            return
-        decisions: dict[int, Decision] = self.hook([s.view() for s in running]) or {}
-        now = time.perf_counter() - self.t0
-        for s in running:
-            decision = decisions.get(s.req.key, "continue")
-            if decision == "continue":
-                continue
-            if decision not in _DECISION_REASON:
-                raise ValueError(f"segment hook returned {decision!r} for key {s.req.key!r}; "
-                                 f"expected 'continue', 'stop' or 'prune'")
-            s.reason, s.seconds = _DECISION_REASON[decision], now
+        if self.hook is not None:
+            ask_hook(self.hook, [s for s in self.live if s.reason is None],
+                     time.perf_counter() - self.t0)

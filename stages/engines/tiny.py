@@ -2,7 +2,7 @@
 
 ``tiny_llama`` is the embedded default's policy: a real ``transformers.LlamaForCausalLM``
 built from a ``LlamaConfig`` (random weights under a fixed seed, float32) with a
-deterministic character tokenizer, so a pipeline runs on a laptop CPU with nothing
+file-free byte or character tokenizer (:mod:`stages.engines.tokenizers`), so a pipeline runs on a laptop CPU with nothing
 downloaded. ``hf_checkpoint`` loads a model and tokenizer from a local directory only.
 
 >>> policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2).build(seed=0)
@@ -12,7 +12,6 @@ downloaded. ``hf_checkpoint`` loads a model and tokenizer from a local directory
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,54 +19,18 @@ from pydantic import Field, model_validator
 
 from gfcr.engine import Policy
 from gfcr.stage import Spec, register
+from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-_SPECIAL = 3
-_CHARS = "".join(c for c in string.printable if c not in "\x0b\x0c")
+__all__ = ["ByteTokenizer", "CharTokenizer", "HFCheckpoint", "HFTokenizer", "TinyLlama"]
 
 
-class CharTokenizer:
-    """One id per printable ASCII character, after ``0=pad, 1=bos, 2=eos``.
-
-    Deterministic and file-free, so a tiny policy needs no download and its ids never
-    drift between runs. ``encode`` adds no special tokens; ``decode`` drops them.
-    """
-
-    pad_token_id: int = PAD_ID
-    bos_token_id: int = BOS_ID
-    eos_token_id: int = EOS_ID
-    vocab_size: int = _SPECIAL + len(_CHARS)
-
-    def __init__(self) -> None:
-        self._ids = {c: i + _SPECIAL for i, c in enumerate(_CHARS)}
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text``; ValueError names the first character outside the vocabulary."""
-        try:
-            return [self._ids[c] for c in text]
-        except KeyError:
-            pos = next(i for i, c in enumerate(text) if c not in self._ids)
-            raise ValueError(f"CharTokenizer cannot encode character {text[pos]!r} at "
-                             f"position {pos} of {text!r}; it knows printable ASCII only"
-                             ) from None
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids``, skipping pad/bos/eos; ValueError on ids outside the vocab."""
-        out = []
-        for i in ids:
-            if i >= _SPECIAL:
-                if i >= self.vocab_size:
-                    raise ValueError(f"CharTokenizer id {i!r} is outside the vocabulary "
-                                     f"(size {self.vocab_size})")
-                out.append(_CHARS[i - _SPECIAL])
-            elif i < 0:
-                raise ValueError(f"CharTokenizer id {i!r} is negative")
-        return "".join(out)
+_SDPA: dict[str, Any] = {"attn_implementation": "sdpa"}
+"""LlamaConfig takes it through **kwargs, which its typed signature does not list."""
 
 
 @register("policy")
 class TinyLlama(Spec):
-    """A randomly initialised Llama-architecture policy with the character tokenizer.
+    """A randomly initialised Llama-architecture policy with a file-free tokenizer.
 
     Defaults give about 0.67M parameters: small enough to warm up and train on 2 CPU
     cores in minutes, and a real ``LlamaForCausalLM`` so the engine and the trainer run
@@ -79,11 +42,20 @@ class TinyLlama(Spec):
 
     type: Literal["tiny_llama"] = "tiny_llama"
     hidden_size: int = Field(128, ge=1)
+    """Width of the model (embedding and residual stream)."""
     num_layers: int = Field(4, ge=1)
+    """Transformer layers."""
     num_heads: int = Field(4, ge=1)
+    """Attention heads (must divide hidden_size; head size even)."""
     intermediate_size: int = Field(256, ge=1)
+    """Width of each MLP's hidden layer."""
     max_position: int = Field(256, ge=2)
+    """``max_position_embeddings`` of the Llama config (rotary positions)."""
     tie_embeddings: bool = True
+    """Share the input embedding and output projection weights (fewer parameters)."""
+    tokenizer: Literal["byte", "char"] = "byte"
+    """``byte``: UTF-8 bytes, any text (259 ids); ``char``: printable ASCII only (101 ids),
+    refused at the start of a run whose task holds other characters."""
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "TinyLlama":
@@ -100,18 +72,20 @@ class TinyLlama(Spec):
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        tok = CharTokenizer()
+        tok = TOKENIZERS[self.tokenizer]()
         config = LlamaConfig(
             vocab_size=tok.vocab_size, hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
             num_attention_heads=self.num_heads, num_key_value_heads=self.num_heads,
             max_position_embeddings=self.max_position, tie_word_embeddings=self.tie_embeddings,
             pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, attn_implementation="sdpa")
+            eos_token_id=tok.eos_token_id, **_SDPA)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = LlamaForCausalLM(config).to(torch.float32)
-        return Policy(model=model, tokenizer=tok)
+            model = LlamaForCausalLM(config).float()
+        return Policy(model=model, tokenizer=tok, remedy=(
+            "set policy.tokenizer='byte' (TinyLlama(tokenizer='byte'), or --set "
+            "policy.tokenizer=byte), which encodes any text" if self.tokenizer == "char" else ""))
 
 
 @register("policy")
@@ -123,6 +97,7 @@ class HFCheckpoint(Spec):
 
     type: Literal["hf_checkpoint"] = "hf_checkpoint"
     path: str
+    """Local directory of a transformers checkpoint (model and tokenizer)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights' dtype; float32 by default because the trainer updates these weights."""
 
@@ -137,9 +112,11 @@ class HFCheckpoint(Spec):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_pretrained(
+                # getattr: a torch dtype by its config name
                 self.path, local_files_only=True, dtype=getattr(torch, self.dtype))
         hf_tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        return Policy(model=model, tokenizer=HFTokenizer(hf_tok, model, self.path))
+        return Policy(model=model, tokenizer=HFTokenizer(hf_tok, model, self.path), remedy=(
+            "set policy.path to a checkpoint whose tokenizer covers them, or change the task"))
 
 
 class HFTokenizer:
@@ -153,6 +130,7 @@ class HFTokenizer:
         self.hf = hf_tokenizer
         eos = hf_tokenizer.eos_token_id
         if eos is None and model is not None:
+            # getattr: transformers config, None when unset
             eos = getattr(model.config, "eos_token_id", None)
             eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
         if not isinstance(eos, int):

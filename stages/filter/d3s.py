@@ -11,7 +11,8 @@ advantages in the batch, so a group trains best on its most spread-out rollouts:
 - **Token level**: keep the tokens with the largest ``|A_i| * H_{i,t}`` (advantage
   magnitude times the policy's entropy at that token). The entropy needs the policy's
   logits, which a filter does not have, so this stage writes the kept share and the
-  trainer applies it (see :data:`TOKEN_KEEP_RATIO` and :func:`token_mask`).
+  trainer applies it (:data:`gfcr.rollout.TOKEN_KEEP_RATIO`; its ``d3s`` token selector,
+  :func:`stages.train.selection.d3s_tokens`).
 - **Schedule**: both shares start at ``keep`` / ``token_keep`` and relax linearly to 1
   (no down-sampling) over ``relax_steps`` steps: aggressive early, gentle later.
 
@@ -21,7 +22,7 @@ D³S trains the kept rows on those same advantages: the theory bounds the gradie
 by the variance of the advantages the update uses, and recomputed on the subset a
 std-normalised estimator gives every subset unit variance, so the choice would no longer
 reach the gradient (and the token level's ``|A|`` would change too). This stage writes
-them as :data:`D3S_ADVANTAGE` for every row of the group, and ``stages.train`` trains
+them as :data:`gfcr.rollout.D3S_ADVANTAGE` for every row of the group, and ``stages.train`` trains
 each kept row on its value as is — in the loss, as the token level's ``|A|`` and as the
 stored ``advantage`` — with no renormalisation over the subset
 (:func:`stages.train.masks.d3s_advantages`). They come from this stage's ``advantage``
@@ -40,24 +41,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.rollout import col
+from gfcr.rollout import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import scored_groups, set_column
-from stages.train.advantages import known_advantage, lookup_advantage
-
-TOKEN_KEEP_RATIO = "token_keep_ratio"
-"""Extra column (float64, null = keep every token). For the trainer: among the batch's
-completion tokens, keep for the loss the ``token_keep_ratio`` share with the largest
-``|advantage| * entropy`` — the entropy of the policy's next-token distribution at the
-training temperature, from the trainer's own forward pass — and mask the rest
-(:func:`token_mask` does exactly this). One value per step; every kept row carries it."""
-
-D3S_ADVANTAGE = "d3s_advantage"
-"""Extra column (float64, null = not in a scored group): the advantage of the row within
-its whole group, as the subset was chosen on it. For the trainer: the advantage to train
-a kept row on, for the loss and for the token level's ``|A|`` (instead of one
-recomputed over the kept subset); the trainer reports it as the row's ``advantage``."""
-
+from stages.advantages import known_advantage, lookup_advantage
 
 @register("filter")
 class D3S(StageSpec):
@@ -69,7 +56,9 @@ class D3S(StageSpec):
     token_keep: float | None = Field(0.5, gt=0.0, le=1.0)
     """Share of tokens kept at step 0; None turns the token level off."""
     relax_steps: int = Field(100, ge=1)
+    """Steps over which both shares rise linearly to 1 (no down-sampling)."""
     advantage: str = "grpo"
+    """Advantage estimator used to rank a group's rollouts (stages/train/advantages.py)."""
 
     reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
     writes: ClassVar[frozenset[str]] = frozenset({TOKEN_KEEP_RATIO, D3S_ADVANTAGE})
@@ -123,21 +112,3 @@ def max_variance_subset(adv: np.ndarray, k: int, rng: np.random.Generator) -> np
         if key > best_key:
             best, best_key = subset, key
     return np.sort(best)
-
-
-def token_mask(advantages: list[float], entropies: list[np.ndarray],
-               ratio: float | None) -> list[np.ndarray]:
-    """D³S's token level for a batch: per row, True for tokens kept in the loss.
-
-    Keeps the ``ratio`` share of all tokens with the largest ``|A_i| * H_{i,t}`` (at
-    least one token; ties at the threshold are kept). ``ratio`` None or >= 1 keeps all.
-    """
-    if ratio is None or ratio >= 1 or not entropies:
-        return [np.ones(len(h), bool) for h in entropies]
-    scores = [abs(a) * np.asarray(h, float) for a, h in zip(advantages, entropies)]
-    flat = np.concatenate(scores) if scores else np.array([])
-    if flat.size == 0:
-        return [np.ones(0, bool) for _ in entropies]
-    n_keep = max(1, math.ceil(ratio * flat.size))
-    threshold = np.partition(flat, flat.size - n_keep)[flat.size - n_keep]
-    return [s >= threshold for s in scores]

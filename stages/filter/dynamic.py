@@ -35,12 +35,16 @@ class DynamicSampling(StageSpec):
 
     type: Literal["dynamic_sampling"] = "dynamic_sampling"
     mode: Literal["filter", "refill"] = "filter"
+    """``filter`` only drops flat groups; ``refill`` also draws more prompts until
+    ``min_groups`` are kept."""
     min_groups: int | None = Field(None, ge=1)
     """Refill mode: kept groups wanted per step."""
     max_rounds: int = Field(3, ge=0)
     """Refill mode: at most this many extra rounds per step."""
     atol: float = Field(1e-6, ge=0.0)
+    """Absolute tolerance under which two rewards count as equal."""
     rtol: float = Field(1e-6, ge=0.0)
+    """Relative tolerance under which two rewards count as equal."""
 
     reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID})
 

@@ -33,6 +33,7 @@ class Overlong(StageSpec):
 
     type: Literal["overlong"] = "overlong"
     mode: Literal["drop", "penalty"] = "drop"
+    """``drop`` truncated rollouts, or add DAPO's soft overlong ``penalty`` to the reward."""
     max_tokens: int | None = Field(None, ge=1)
     """Penalty mode: DAPO's L_max, normally the generate stage's ``max_tokens``."""
     buffer: int | None = Field(None, ge=1)
@@ -49,12 +50,12 @@ class Overlong(StageSpec):
         return self
 
     @property
-    def reads(self) -> frozenset[str]:  # type: ignore[override]
+    def reads(self) -> frozenset[str]:
         need = {col.FINISH_REASON, col.N_TOKENS}
         return frozenset(need | ({col.REWARD} if self.mode == "penalty" else set()))
 
     @property
-    def writes(self) -> frozenset[str]:  # type: ignore[override]
+    def writes(self) -> frozenset[str]:
         return frozenset({col.REWARD, col.REWARDS} if self.mode == "penalty" else set())
 
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:

@@ -49,9 +49,12 @@ class ResampleOnCorrect(StageSpec):
 
     type: Literal["roc"] = "roc"
     group_size: int = Field(..., ge=2)
+    """Rollouts kept per group (the generate stage samples more)."""
     threshold: float = 1.0
     """A rollout with ``reward >= threshold`` is correct."""
     errors: str = "extra_chars"
+    """Error count of a correct rollout: ``extra_chars``, ``regex:<pattern>`` (matches) or
+    ``module:function``."""
 
     reads: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.GROUP_ID, col.COMPLETION,
                                                  col.ANSWER, col.META})
@@ -78,6 +81,7 @@ class ResampleOnCorrect(StageSpec):
             return lambda completion, answer, meta: float(len(regex.findall(completion)))
         module, _, name = self.errors.partition(":")
         try:
+            # getattr: a 'module:name' the config names
             return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"stage {self.label!r}: cannot import errors {self.errors!r}: "

@@ -11,7 +11,8 @@ Verify stage records the error in ``score_error`` and the run goes on). Implemen
 - :class:`Match` — exact match of the stripped completion, or of the first group of a
   regular expression, against the reference answer.
 - :class:`CodeTests` — runs model-written code against the rollout's tests in
-  :mod:`stages.filter.sandbox` (the model's code never runs in this process).
+  :mod:`stages.filter.sandbox` (the model's code never runs in this process) and takes
+  the verdict outside it (:mod:`stages.filter.harness`).
 - :class:`Function` — any ``module:function`` taking ``(completion, answer, meta)``.
 
 Verify also accepts a string shorthand: ``"task"``, ``"math"``, ``"exact"``, ``"code"``,
@@ -23,12 +24,14 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import warnings
 from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
 
 from gfcr.stage import Spec, StepContext
-from stages.filter.sandbox import Limits, run_python
+from stages.filter.harness import passed, plan
+from stages.filter.sandbox import Sandbox, refusal, run_python, unavailable
 
 Scorer = Callable[[str, Any, Any], float]
 """``(completion, answer, meta) -> reward``; may raise."""
@@ -123,32 +126,47 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 class CodeTests(Spec):
-    """Run the completion's code, then the rollout's tests, in the sandbox.
+    """Run the completion's code against the rollout's tests: the code in the sandbox,
+    the verdict outside it (:mod:`stages.filter.harness`).
 
     The code is the first fenced ```python block of the completion (else the whole
     completion); the tests are ``meta["tests"]`` (a string, or a list of statements such
-    as ``assert f(2) == 4``) or, failing that, the reference answer. Reward: 1.0 when the
-    program exits cleanly, 0.0 when a test fails or the code raises; a program the
-    sandbox had to stop (time, memory, processes, network, files) raises
-    :class:`SandboxViolation`, which Verify records in ``score_error``.
+    as ``assert f(2) == 4``) or, failing that, the reference answer; each assert must be
+    ``assert <expression> == <literal>``. Reward: 1.0 when every expression's value
+    equals its literal, else 0.0. A program the sandbox had to stop (time, memory,
+    processes, network, files) raises :class:`SandboxViolation`, which Verify records in
+    ``score_error``. Without namespaces the scorer refuses to run unless ``sandbox``
+    opts in to ``isolation="unsafe"``, which warns on every step.
     """
 
     type: Literal["code"] = "code"
-    limits: Limits = Limits()
+    sandbox: Sandbox = Sandbox()
 
     def scorer(self, ctx: StepContext) -> Scorer:
+        if self.sandbox.isolation == "namespaces" and (reason := unavailable()) is not None:
+            raise ValueError(refusal(reason))
+        if self.sandbox.isolation == "unsafe":
+            warnings.warn(f"run {ctx.run_id!r} step {ctx.step}: CodeTests runs model-written "
+                          f"code with isolation='unsafe': the host's files, processes and "
+                          f"network are in its reach", UnsafeSandbox, stacklevel=2)
+
         def score(completion: str, answer: Any, meta: Any) -> float:
-            outcome = run_python(program(completion, answer, meta), self.limits)
+            steps = plan(*code_and_tests(completion, answer, meta))
+            outcome = run_python(steps.program, self.sandbox)
             if outcome.violation:
                 last = outcome.stderr.strip().splitlines()[-1:] or [""]
                 raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict}"
                                        f" ({last[0][:200]})")
-            return 1.0 if outcome.verdict == "ok" else 0.0
+            return 1.0 if passed(steps.checks, outcome.channel)[0] else 0.0
         return score
 
 
-def program(completion: str, answer: Any, meta: Any) -> str:
-    """The program a CodeTests verifier runs: the model's code, then the tests."""
+class UnsafeSandbox(UserWarning):
+    """Model-written code runs without namespaces (``Sandbox(isolation="unsafe")``)."""
+
+
+def code_and_tests(completion: str, answer: Any, meta: Any) -> tuple[str, str]:
+    """The model's code and the tests a CodeTests verifier runs it against."""
     fenced = _FENCE.search(completion)
     code = fenced.group(1) if fenced else completion
     tests: Any = None
@@ -161,7 +179,7 @@ def program(completion: str, answer: Any, meta: Any) -> str:
         raise ValueError("code verifier: the rollout has no tests (meta['tests'] or answer)")
     if isinstance(tests, (list, tuple)):
         tests = "\n".join(str(t) for t in tests)
-    return f"{code}\n\n# --- tests\n{tests}\n"
+    return code, str(tests)
 
 
 class Function(Spec):
@@ -180,6 +198,7 @@ class Function(Spec):
     def scorer(self, ctx: StepContext) -> Scorer:
         module, _, name = self.ref.partition(":")
         try:
+            # getattr: a 'module:name' the config names
             return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"cannot import scorer {self.ref!r}: {err}") from None

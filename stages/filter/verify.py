@@ -1,14 +1,32 @@
 """Verification: score every complete rollout with a verifier (RLVR).
 
-A verifier that raises or runs past ``timeout`` never kills the run: the error is
-recorded in ``score_error`` on that rollout, and the rollout is dropped
-(``on_error="drop"``) or scored 0 (``"zero"``). Verifiers are in
+A verifier that raises or runs past ``timeout`` never kills the run by itself: the error
+is recorded in ``score_error`` on that rollout, and the rollout is dropped
+(``on_error="drop"``) or scored 0 (``"zero"``). A broken scorer is stopped, though:
+
+- a step's scoring has a time ``budget``; what is left unscored when it is spent is
+  marked ``not scored`` (no call is waited for past the budget);
+- a circuit ``breaker``: after that many consecutive failed calls (errors, timeouts),
+  the step stops calling the scorer, with a warning naming the last error. A call that
+  ran past ``timeout`` holds its helper thread until it returns (:mod:`gfcr.helper`),
+  and the calls after it fail at once, so a hanging scorer costs one timeout a step and
+  one thread, not one of each per rollout;
+- a step on which the scorer failed on *every* rollout ends the run with
+  :class:`ScorerFailed` (exit code 1 from ``gfcr run``): training on nothing but errors
+  is never what was meant, and the steps already committed stay stored, so ``--resume``
+  goes on once the scorer is fixed. A program the sandbox stopped is a verdict on the program,
+  not a scorer failure, and counts for neither rule.
+
+Every row Verify scores gets :data:`SCORE_ISOLATION`. Verifiers are in
 :mod:`stages.filter.verifiers`; model-written code only ever runs in the sandbox.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Literal
 
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
@@ -16,7 +34,23 @@ from pydantic import Field, field_validator, model_validator
 from gfcr.helper import call_with_timeout
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
-from stages.filter.verifiers import CodeTests, Scorer, Verifier, VerifierSpec, from_shorthand
+from stages.filter._table import set_column
+from stages.filter.verifiers import (CodeTests, SandboxViolation, Scorer, Verifier, VerifierSpec,
+                                     from_shorthand)
+
+SCORE_ISOLATION = "score_isolation"
+"""Extra column (string) Verify writes on every row it scores: how the verifier ran the
+model's output. ``namespaces``: :class:`CodeTests` in the bubblewrap sandbox; ``unsafe``:
+CodeTests opted out of it (``Sandbox(isolation="unsafe")``); ``in_process``: a scorer
+that reads the completion as text in the trainer's process (task, math, match, a user
+function). A row scored by several Verify stages keeps the weakest: unsafe, then
+namespaces, then in_process."""
+
+_WEAKEST = ("unsafe", "namespaces", "in_process")
+
+
+class ScorerFailed(RuntimeError):
+    """The scorer failed on every rollout of a step: the run stops."""
 
 
 @register("filter")
@@ -24,24 +58,38 @@ class Verify(StageSpec):
     """Write ``reward`` and ``rewards[<name>]`` from a verifier.
 
     ``scorer`` is a verifier config (``MathAnswer()``, ``Match(pattern=...)``,
-    ``CodeTests(limits=...)``, ...) or a shorthand: ``"task"`` (the task's own scorer,
+    ``CodeTests(sandbox=...)``, ...) or a shorthand: ``"task"`` (the task's own scorer,
     e.g. reasoning-gym's ``score_answer``), ``"math"``, ``"exact"``, ``"code"``,
     ``"regex:<pattern>"`` or ``"module:function"`` naming ``(completion, answer, meta) ->
     float``. ``timeout`` bounds each call in seconds; a call past it is recorded as a
-    ``TimeoutError`` and left to finish on its helper thread (:mod:`gfcr.helper`; an
-    in-process call cannot be killed; code verifiers run in the sandbox, which can).
+    ``TimeoutError`` and left to finish on its helper thread (an in-process call cannot
+    be killed; code verifiers run in the sandbox, which can). ``budget`` bounds a step's
+    scoring in seconds, ``breaker`` the consecutive failed calls (see the module).
 
-    >>> Verify()
-    Verify(name=None, type='verify', scorer='task', on_error='drop', timeout=10.0)
+    >>> Verify()  # doctest: +NORMALIZE_WHITESPACE
+    Verify(name=None, type='verify', scorer='task', on_error='drop', timeout=10.0,
+           budget=600.0, breaker=8, full_credit_only=False)
     """
 
     type: Literal["verify"] = "verify"
     scorer: str | VerifierSpec = "task"
+    """The verifier: a config (``MathAnswer()``, ...) or a shorthand string (see above)."""
     on_error: Literal["drop", "zero"] = "drop"
+    """A rollout whose scorer raised or timed out: ``drop`` it, or keep it with reward 0."""
     timeout: float = Field(10.0, gt=0.0)
+    """Seconds one scorer call may take; a call past it is recorded as a TimeoutError."""
+    budget: float = Field(default=600.0, gt=0.0)
+    """Seconds a step's scoring may take in all (see the module)."""
+    breaker: int = Field(default=8, ge=1)
+    """Consecutive failed scorer calls after which scoring stops (see the module)."""
+    full_credit_only: bool = False
+    """Reward 1 for full credit and 0 for anything less. Task scorers give partial credit
+    (reasoning-gym: e.g. 0.05 for a well-formed wrong grid, a share of the items of a list
+    answer; see ``ReasoningGym.score``); with this set, only a right answer is rewarded."""
 
     reads: ClassVar[frozenset[str]] = frozenset({col.COMPLETION, col.ANSWER, col.META})
-    writes: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.REWARDS, col.SCORE_ERROR})
+    writes: ClassVar[frozenset[str]] = frozenset({col.REWARD, col.REWARDS, col.SCORE_ERROR,
+                                                  SCORE_ISOLATION})
 
     @field_validator("scorer")
     @classmethod
@@ -53,9 +101,9 @@ class Verify(StageSpec):
     @model_validator(mode="after")
     def _timeout_covers_sandbox(self) -> "Verify":
         verifier = self.verifier()
-        if isinstance(verifier, CodeTests) and self.timeout <= verifier.limits.wall_seconds:
-            raise ValueError(f"timeout={self.timeout!r} must exceed the sandbox's "
-                             f"limits.wall_seconds={verifier.limits.wall_seconds!r}")
+        if isinstance(verifier, CodeTests) and self.timeout <= verifier.sandbox.wall_seconds:
+            raise ValueError(f"timeout={self.timeout!r} must exceed the code verifier's "
+                             f"sandbox.wall_seconds={verifier.sandbox.wall_seconds!r}")
         return self
 
     def verifier(self) -> Verifier:
@@ -67,22 +115,78 @@ class Verify(StageSpec):
         except ValueError as err:
             raise ValueError(f"stage {self.label!r}: {err}") from None
 
+    def isolation(self) -> str:
+        """The :data:`SCORE_ISOLATION` of the rows this stage scores."""
+        verifier = self.verifier()
+        return verifier.sandbox.isolation if isinstance(verifier, CodeTests) else "in_process"
+
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
         score = self.resolve(ctx)
-        rewards, errors = [], []
-        for c, a, m in zip(*(rollouts.column(n).to_pylist()
-                             for n in (col.COMPLETION, col.ANSWER, col.META))):
-            value, error = _safe(score, c, a, m, self.timeout)
-            rewards.append(value)
-            errors.append(error)
+        rows = zip(*(rollouts.column(n).to_pylist()
+                     for n in (col.COMPLETION, col.ANSWER, col.META)))
+        scoring = _Scoring(self.timeout, self.budget, self.breaker)
+        rewards, errors = scoring.run(score, rows)
+        if self.full_credit_only:
+            rewards = [1.0 if r >= 1.0 else 0.0 for r in rewards]
+        where = f"stage {self.label!r}, step {ctx.step}"
+        if scoring.stopped is not None:
+            warnings.warn(f"{where}: scoring stopped: {scoring.stopped}", RuntimeWarning,
+                          stacklevel=2)
+        if rollouts.num_rows and scoring.failures == rollouts.num_rows:
+            raise ScorerFailed(
+                f"{where}: the scorer failed on all {rollouts.num_rows} rollouts "
+                f"(first error: {next(e for e in errors if e)}); the run stops, since "
+                f"training on nothing but scorer errors is never meant. The steps already "
+                f"committed stay stored: fix the scorer, then resume the run (gfcr run "
+                f"--resume {ctx.run_id}).")
         table = _with(rollouts, rewards, errors, self.label)
+        table = _with_isolation(table, self.isolation())
         keep = [e is None or self.on_error == "zero" for e in errors]
         reasons = [None if e is None else "score_error" for e in errors]
         return FilterResult(table, keep=keep, reason=reasons)
 
 
+@dataclass
+class _Scoring:
+    """One step's scoring: calls under the per-call timeout and the step's deadline,
+    with the circuit breaker; ``failures`` counts the rows whose scorer failed."""
+
+    timeout: float
+    budget: float
+    breaker: int
+    failures: int = 0
+    stopped: str | None = None
+    _streak: int = field(default=0, repr=False)
+
+    def run(self, score: Scorer, rows: Iterable[tuple[Any, Any, Any]]
+            ) -> tuple[list[float], list[str | None]]:
+        rewards: list[float] = []
+        errors: list[str | None] = []
+        deadline = time.monotonic() + self.budget
+        for completion, answer, meta in rows:
+            left = deadline - time.monotonic()
+            if self.stopped is None and left <= 0:
+                self.stopped = f"its time budget of {self.budget:g}s is spent"
+            error: str | None
+            if self.stopped is not None:
+                value, error, failed = 0.0, f"not scored: {self.stopped}", True
+            else:
+                value, error, failed = _safe(score, completion, answer, meta,
+                                             min(self.timeout, left))
+            self._streak = self._streak + 1 if failed else 0
+            self.failures += failed
+            if self.stopped is None and self._streak >= self.breaker:
+                self.stopped = (f"the scorer failed {self._streak} times in a row "
+                                f"(circuit breaker; last error: {error})")
+            rewards.append(value)
+            errors.append(error)
+        return rewards, errors
+
+
 def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
-          timeout: float) -> tuple[float, str | None]:
+          timeout: float) -> tuple[float, str | None, bool]:
+    """``(reward, error, failed)`` of one call: ``failed`` when the scorer failed (an
+    error, a timeout, a non-finite value), not when the sandbox stopped the program."""
     box: dict[str, Any] = {}
 
     def call() -> None:
@@ -90,16 +194,28 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
             box["value"] = float(score(completion, answer, meta))
         except BaseException as err:  # noqa: BLE001 - a user's scorer may raise anything
             box["error"] = f"{type(err).__name__}: {err}"[:500]
+            box["violation"] = isinstance(err, SandboxViolation)
 
-    if not call_with_timeout(call, timeout):
-        return 0.0, f"TimeoutError: scorer ran past timeout={timeout!r}s"
+    outcome = call_with_timeout(call, timeout)
+    if outcome == "timeout":
+        return 0.0, f"TimeoutError: scorer ran past its limit of {timeout:.3g}s", True
+    if outcome == "busy":
+        return 0.0, "TimeoutError: an earlier call of the scorer is still running", True
     if "error" in box:
-        return 0.0, box["error"]
+        return 0.0, box["error"], not box["violation"]
     value = box["value"]
     if value != value or value in (float("inf"), float("-inf")):
-        return 0.0, f"scorer returned {value!r}"
-    return value, None
+        return 0.0, f"scorer returned {value!r}", True
+    return value, None, False
 
+
+def _with_isolation(table: pa.Table, isolation: str) -> pa.Table:
+    """``table`` with :data:`SCORE_ISOLATION` set to ``isolation``, or kept where an
+    earlier Verify stage recorded a weaker one."""
+    before = (table.column(SCORE_ISOLATION).to_pylist() if SCORE_ISOLATION in table.column_names
+              else [None] * table.num_rows)
+    values = [isolation if b is None else min(b, isolation, key=_WEAKEST.index) for b in before]
+    return set_column(table, SCORE_ISOLATION, pa.array(values, pa.string()))
 
 def _with(table: pa.Table, rewards: list[float], errors: list[str | None],
           label: str) -> pa.Table:

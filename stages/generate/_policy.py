@@ -7,8 +7,8 @@ the engine protocol returns (the sampled tokens' logprobs).
 - :func:`forced_logprobs` (hints): the behaviour logprobs of tokens the policy did not
   sample but is made to continue from.
 
-Both run one forward pass on ``engine.policy.model`` (the HF engine exposes it) under the
-engine's convention, ``log_softmax(logits / T)``. torch is imported only here.
+Both run the one teacher-forced pass (:mod:`stages.logprobs`) on ``engine.policy.model``
+(the HF engine exposes it) under the engine's convention, ``log_softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -38,29 +38,22 @@ def branch_points(engine: Any, prompts: list[list[int]], completions: list[list[
     that token. Probabilities are at ``temperature`` (1 when sampling greedily)."""
     import torch
 
+    from stages.logprobs import completion_logits
+
     model = _model(engine)
-    device = next(model.parameters()).device
-    rows = [list(p) + list(c) for p, c in zip(prompts, completions)]
-    width = max(len(r) for r in rows)
-    pad = getattr(engine.policy.tokenizer, "pad_token_id", 0) or 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            logits, _, _ = completion_logits(model, prompts, completions, temperature,
+                                             _pad_id(engine))
     finally:
         model.train(was_training)
-    logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), -1)
+    logp = torch.log_softmax(logits, -1)  # completion_logits divided by T already
     top_lp, top_ids = logp.topk(2, dim=-1)
     out: list[list[BranchPoint]] = []
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        at = slice(len(p) - 1, len(p) - 1 + len(c))  # logits at j predict completion[j]
-        lp, tk = top_lp[i, at].tolist(), top_ids[i, at].tolist()
+    for i, c in enumerate(completions):
+        lp, tk = top_lp[i, :len(c)].tolist(), top_ids[i, :len(c)].tolist()
         points = []
         for j in range(starts[i], len(c)):
             alt = 1 if tk[j][0] == c[j] else 0  # the best candidate other than the taken one
@@ -71,8 +64,16 @@ def branch_points(engine: Any, prompts: list[list[int]], completions: list[list[
     return out
 
 
+def _pad_id(engine: Any) -> int:
+    # getattr: tokenizers without a pad token pad with 0
+    return int(getattr(engine.policy.tokenizer, "pad_token_id", 0) or 0)
+
+
 def _model(engine: Any) -> Any:
+    # getattr: teacher-forced passes need the in-process policy; a declared engine
+    # capability for it belongs to the engine protocol (issue 14)
     policy = getattr(engine, "policy", None)
+    # getattr: (same: the policy must hold a model)
     if policy is None or not hasattr(policy, "model"):
         raise TypeError(f"tree rollouts need an engine that exposes its policy (the HF "
                         f"engine does); {type(engine).__name__} does not")
@@ -85,7 +86,7 @@ def forced_logprobs(engine: Any, prompt_ids: list[int], ids: list[int],
     when ``T == 0``): what the engine would have recorded had it sampled them."""
     import torch
 
-    from stages.engines.hf import token_logprobs
+    from stages.logprobs import completion_logprobs
 
     if not ids:
         return []
@@ -94,6 +95,8 @@ def forced_logprobs(engine: Any, prompt_ids: list[int], ids: list[int],
     model.eval()
     try:
         with torch.inference_mode():
-            return token_logprobs(model, prompt_ids, ids, temperature).tolist()
+            logprobs, _ = completion_logprobs(model, [prompt_ids], [ids], temperature,
+                                              _pad_id(engine))
+            return logprobs[0, :len(ids)].tolist()
     finally:
         model.train(was_training)

@@ -48,16 +48,13 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.engine import Engine, SegmentHook
-from gfcr.rollout import col
+from gfcr.capabilities import PromptStats
+from gfcr.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
 from gfcr.stage import Spec, StageSpec, StepContext, register
 from stages.generate._policy import forced_logprobs
 from stages.generate.group import GENERATED, GroupSample, generate_groups
 from stages.generate.rows import RECYCLE, plan_samples, to_table
 
-HINT_TOKENS = "hint_tokens"
-"""Extra column: leading completion tokens forced from the reference answer (mask them)."""
-EXEMPLARS = "exemplars"
-"""Extra column: solved exemplars prepended to the prompt (0: none)."""
 
 
 class Hints(Spec):
@@ -75,9 +72,11 @@ class Exemplars(Spec):
     """XRPO's in-context seeding of prompts that keep failing."""
 
     k: int = Field(2, ge=1)
+    """Solved training prompts (with their answers) prepended as exemplars."""
     after: int = Field(8, ge=1)
     """Attempts without a success before a prompt is seeded."""
     separator: str = "\n"
+    """Text between the exemplars and the prompt."""
 
 
 @register("generate")
@@ -86,12 +85,20 @@ class ConditionedSample(StageSpec):
 
     type: Literal["conditioned"] = "conditioned"
     sample: GroupSample = Field(default_factory=GroupSample)
+    """How each group is sampled (a GroupSample config)."""
     hints: Hints | None = Hints()
+    """ADHint hint prefixes for hard prompts; None turns them off."""
     exemplars: Exemplars | None = Exemplars()
+    """XRPO exemplar seeding of prompts that keep failing; None turns it off."""
 
     writes: ClassVar[frozenset[str]] = GENERATED | {HINT_TOKENS, EXEMPLARS}
     continues_partials: ClassVar[bool] = True
+    engine_needs: ClassVar[frozenset[str]] = frozenset({"continuation", "teacher_forcing"})
     """Honours the plan's ``recycle`` column (see the module note on recycled groups)."""
+
+    def sampling_temperature(self) -> float:
+        """The temperature this stage samples at (a train stage's ratio must match it)."""
+        return self.sample.temperature
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
@@ -178,10 +185,9 @@ def hint_length(answer_tokens: int, pass_rate: float, max_ratio: float, cap: int
 def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str, float]]:
     """Prompt id -> attempts, successes, posterior_mean from ``ctx.history`` (a
     ``store.History``); empty when the run has no history."""
-    reader = getattr(ctx.history, "prompt_stats", None)
-    if reader is None or not prompt_ids:
+    if not isinstance(ctx.history, PromptStats) or not prompt_ids:
         return {}
-    table = reader(list(dict.fromkeys(prompt_ids)))
+    table = ctx.history.prompt_stats(list(dict.fromkeys(prompt_ids)))
     return {r["prompt_id"]: r for r in
             table.select(["prompt_id", "attempts", "successes", "posterior_mean"]).to_pylist()}
 
@@ -189,10 +195,9 @@ def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str,
 def solved_examples(ctx: StepContext) -> list[tuple[str, str, str]]:
     """(prompt id, prompt, answer) of the task's training prompts the history shows
     solved at least once, in prompt-id order."""
-    reader = getattr(ctx.history, "prompt_stats", None)
-    if reader is None:
+    if not isinstance(ctx.history, PromptStats):
         return []
-    stats = reader()
+    stats = ctx.history.prompt_stats()
     solved = {r["prompt_id"] for r in stats.select(["prompt_id", "successes"]).to_pylist()
               if r["successes"]}
     pool = ctx.task.train_prompts()

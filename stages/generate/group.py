@@ -8,7 +8,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook
-from gfcr.rollout import NEW_TOKENS, ROLLOUT_SCHEMA, col
+from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
                                   plan_samples, rollout_row, stable_id, to_table)
@@ -38,15 +38,29 @@ class GroupSample(StageSpec):
 
     type: Literal["group"] = "group"
     n: int = Field(8, ge=1)
+    """Samples per prompt (the group), unless the plan's ``n`` column says otherwise."""
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature; 0 is greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
     max_tokens: int = Field(16, ge=1)
+    """Completion tokens per sample, unless the plan's ``max_tokens`` column says otherwise."""
     stop: tuple[str, ...] = ()
+    """A sample ends after it produces any of these strings (besides EOS)."""
     segment_tokens: int = Field(16, ge=1)
+    """Tokens decoded between two calls of the Control stages' in-flight hooks."""
 
     writes: ClassVar[frozenset[str]] = GENERATED
     continues_partials: ClassVar[bool] = True
     """Honours the plan's ``recycle`` column (see :mod:`stages.generate.rows`)."""
+
+    def sampling_temperature(self) -> float:
+        """The temperature this stage samples at (a train stage's ratio must match it)."""
+        return self.temperature
+
+    def plan_defaults(self) -> dict[str, int]:
+        """A plan row without its own ``n`` or ``max_tokens`` gets these."""
+        return {PLAN_N: self.n, PLAN_MAX_TOKENS: self.max_tokens}
 
     def params(self, ctx: StepContext) -> SamplingParams:
         seed = int(ctx.rng(self.label).integers(2**31 - 1))
@@ -75,7 +89,8 @@ def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
     are told each request's group first (``expect``), and a group with a stopped sample is
     held whole (:func:`~stages.generate.rows.hold_unfinished_groups`).
     """
-    requests, slots = [], []
+    requests: list[GenRequest] = []
+    slots: list[tuple[int, str, list[int], dict[str, Any], int | None]] = []
     for p_idx, (prompt, group) in enumerate(zip(prompts, samples)):
         ids = engine.encode(prompt[col.PROMPT])
         group_id = (prompt.get(col.GROUP_ID)
@@ -89,7 +104,7 @@ def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
                     prefix_logprobs=list(sample["prefix_logprobs"]),
                     max_tokens=prompt.get("max_tokens")))
             slots.append((p_idx, group_id, ids, sample, key))
-    if hasattr(on_segment, "expect"):  # hooks that count groups see the layout
+    if on_segment is not None:  # hooks that count groups see the layout
         on_segment.expect({k: g for _, g, _, _, k in slots if k is not None})
     outputs = engine.generate(requests, params, on_segment)
     rows = []

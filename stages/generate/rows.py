@@ -10,7 +10,6 @@ does not, since its pending partials would be picked again every step, never con
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timezone
 from dataclasses import replace
 from typing import Any
@@ -18,24 +17,9 @@ from typing import Any
 import pyarrow as pa
 
 from gfcr.engine import Engine, GenOutput
-from gfcr.rollout import NEW_TOKENS, ROLLOUT_SCHEMA, col
+from gfcr.rollout import (NEW_TOKENS, RECYCLE, RECYCLE_TYPE, ROLLOUT_SCHEMA, col,  # noqa: F401
+                          stable_id)
 from gfcr.stage import StepContext
-
-RECYCLE = "recycle"
-"""Plan column of a recycled group: one struct per sample (:data:`RECYCLE_TYPE`), null for
-a fresh prompt. A recycled plan row also carries its original ``group_id``."""
-
-RECYCLE_TYPE = pa.list_(pa.struct([
-    ("sample_idx", pa.int32()), ("parent_id", pa.string()),
-    ("prefix_ids", pa.list_(pa.int32())), ("prefix_logprobs", pa.list_(pa.float32())),
-    ("policy_version_start", pa.int64()), ("policy_version_end", pa.int64()),
-    ("finish_reason", pa.string()), ("hint_tokens", pa.int32()), ("exemplars", pa.int32())]))
-"""Per sample of a recycled group, what to do with the stored row ``parent_id``:
-continue it from ``prefix_ids``/``prefix_logprobs`` (``finish_reason`` null), carry it
-over unchanged (a finished sibling: ``finish_reason`` set), or restart it from scratch
-(empty prefix, ``policy_version_start`` null). ``hint_tokens`` and ``exemplars`` are the
-stored row's marks of conditioned generation (``stages.generate.conditioned``; null when
-it has none): a continuation keeps them, since its prefix and prompt are the stored ones."""
 
 CONTINUES_PARTIALS = "continues_partials"
 """Name of the ClassVar (bool) by which a generate stage says it honours ``recycle``."""
@@ -45,11 +29,6 @@ GENERATED_SCHEMA = pa.schema(list(ROLLOUT_SCHEMA) + [pa.field(NEW_TOKENS, pa.int
 
 STATUS_OF = {"stop": "complete", "length": "complete", "aborted": "partial",
              "pruned": "pruned"}
-
-
-def stable_id(*parts: Any) -> str:
-    """Deterministic id from its parts, so every executor names rows the same."""
-    return hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
 def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_idx: int,

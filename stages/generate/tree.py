@@ -50,7 +50,7 @@ from pydantic import Field
 
 from gfcr.engine import (Decision, Engine, GenOutput, GenRequest, Inflight, SamplingParams,
                          SegmentHook)
-from gfcr.rollout import col
+from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate._policy import BranchPoint, branch_points
 from stages.generate.group import GENERATED
@@ -69,18 +69,36 @@ class TreeRollout(StageSpec):
 
     type: Literal["latr"] = "latr"
     n: int = Field(8, ge=1)
+    """Finished paths (leaves) wanted per prompt: the group size."""
     branch_prob: float = Field(0.2, gt=0.0, lt=1.0)
+    """Branch at a token where another token has at least this probability."""
     lookahead: int = Field(4, ge=1)
+    """Tokens a new branch is continued before it is compared with its sibling."""
     min_distance: float = Field(0.4, ge=0.0, le=1.0)
+    """Prune a branch whose lookahead window is within this normalised edit distance of its
+    sibling's."""
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of every path."""
     max_tokens: int = Field(16, ge=1)
+    """Completion tokens per path."""
     stop: tuple[str, ...] = ()
+    """A path ends after it produces any of these strings (besides EOS)."""
 
     writes: ClassVar[frozenset[str]] = GENERATED | {BRANCH_POS}
     continues_partials: ClassVar[bool] = False
+    engine_needs: ClassVar[frozenset[str]] = frozenset(
+        {"segments", "continuation", "teacher_forcing"})
     """A tree is grown, branched and pruned within one step, from paths decoded to their
     end; a stopped path cannot be brought back into its tree in a later step, so the
     pipeline refuses ``RecyclePartials`` (and so APRIL or a stopping token budget) with it."""
+
+    def sampling_temperature(self) -> float:
+        """The temperature this stage samples at (a train stage's ratio must match it)."""
+        return self.temperature
+
+    def plan_defaults(self) -> dict[str, int]:
+        """A plan row without its own ``n`` or ``max_tokens`` gets these."""
+        return {PLAN_N: self.n, PLAN_MAX_TOKENS: self.max_tokens}
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
@@ -155,7 +173,7 @@ class _Forest:
         seed = int(self.ctx.rng(f"{self.spec.label}/{round_}").integers(2**31 - 1))
         params = SamplingParams(temperature=self.spec.temperature, max_tokens=self.spec.max_tokens,
                                 stop=self.spec.stop, segment_tokens=self.spec.lookahead, seed=seed)
-        outputs = self.engine.generate(requests, params, self._on_segment)
+        outputs = self.engine.generate(requests, params, self)  # self: the SegmentHook
         for node, out in zip(todo, outputs):
             node.out = out
             if node.point is not None and node.leaf and not node.checked:
@@ -168,15 +186,28 @@ class _Forest:
     def _request(self, node: _Node) -> GenRequest:
         self.keys += 1
         prompt = self.prompts[node.prompt]
-        prefix, logprobs = [], []
+        prefix: list[int] = []
+        logprobs: list[float] = []
         if node.point is not None:
-            parent = self.nodes[node.prompt][node.parent].out  # type: ignore[index]
+            parent = self._parent_out(node)
             at = node.point.pos
             prefix = parent.completion_ids[:at] + [node.point.token]
             logprobs = parent.logprobs[:at] + [node.point.logprob]
             self.pending[self.keys] = node
         return GenRequest(key=self.keys, prompt_ids=self.ids[node.prompt], prefix_ids=prefix,
                           prefix_logprobs=logprobs, max_tokens=prompt.get("max_tokens"))
+
+    def wave(self, keys: list[int]) -> None:
+        """SegmentHook: the engine's wave announcements go on to the pipeline's hooks."""
+        if self.hook is not None:
+            self.hook.wave(keys)
+
+    def expect(self, groups: dict[int, str]) -> None:
+        """SegmentHook: trees declare no groups to the pipeline's hooks."""
+
+    def __call__(self, inflight: list[Inflight]) -> dict[int, Decision]:
+        """SegmentHook: prune branches too close to their sibling, then the pipeline's."""
+        return self._on_segment(inflight)
 
     def _on_segment(self, inflight: list[Inflight]) -> dict[int, Decision]:
         decisions: dict[int, Decision] = {}
@@ -191,11 +222,18 @@ class _Forest:
                 decisions[key] = decision
         return decisions
 
+    def _parent_out(self, node: _Node) -> GenOutput:
+        """The finished output of the branch ``node`` grows from."""
+        out = self.nodes[node.prompt][node.parent].out  # type: ignore[index]
+        if out is None:
+            raise RuntimeError(f"tree: branch {node!r} opened before its parent finished")
+        return out
+
     def _similar(self, node: _Node, ids: list[int]) -> bool:
         """Whether the branch's window stays within ``min_distance`` of its sibling's."""
         at = node.point.pos  # type: ignore[union-attr]
         window = ids[at:at + 1 + self.spec.lookahead]
-        parent = self.nodes[node.prompt][node.parent].out  # type: ignore[index]
+        parent = self._parent_out(node)
         sibling = parent.completion_ids[at:at + len(window)]
         decode = self.engine.decode
         return edit_ratio(decode(window), decode(sibling)) < self.spec.min_distance

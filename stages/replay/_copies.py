@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from gfcr.rollout import col, conform
 from gfcr.stage import StepContext
-from stages.generate.rows import stable_id
+from gfcr.rollout import stable_id
 
 
 def copies(ctx: StepContext, rows: pa.Table, replays: Sequence[int], *, tag: str,

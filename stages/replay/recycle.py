@@ -26,9 +26,9 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
+from gfcr.capabilities import ContinuesPartials
 from gfcr.stage import StageSpec, StepContext, register
-from stages.generate.conditioned import EXEMPLARS, HINT_TOKENS
-from stages.generate.rows import CONTINUES_PARTIALS, RECYCLE, RECYCLE_TYPE
+from gfcr.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
     pa.field(col.GROUP_ID, pa.string()), pa.field("n", pa.int64()),
@@ -55,6 +55,7 @@ class RecyclePartials(StageSpec):
     """
 
     type: Literal["recycle_partials"] = "recycle_partials"
+    engine_needs: ClassVar[frozenset[str]] = frozenset({"continuation"})
     max_staleness: int = Field(4, ge=0)
     """Policy versions a group may lag (current minus its first token's) and still be
     continued; older groups are restarted from scratch."""
@@ -63,12 +64,12 @@ class RecyclePartials(StageSpec):
 
     def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]:
         """The generate stage must continue the groups this stage brings back."""
-        gens = [s for s in stages
-                if s.kind == "generate" and not getattr(s, CONTINUES_PARTIALS, False)]
+        gens = [s for s in stages if s.kind == "generate"
+                and not (isinstance(s, ContinuesPartials) and s.continues_partials)]
         return [f"stages {self.label!r} and {s.label!r}: {self.label!r} puts pending partial "
                 f"rollouts in the plan's {RECYCLE!r} column to be continued, but generate "
                 f"stage {s.label!r} ({type(s).__name__}) does not continue partial rollouts "
-                f"({CONTINUES_PARTIALS} is not set), so they would be picked again every step "
+                "(continues_partials is not set), so they would be picked again every step "
                 "and never finished; use a generate stage that continues them (GroupSample, "
                 f"ConditionedSample), or remove {self.label!r} and the stage that stops rollouts"
                 for s in gens]

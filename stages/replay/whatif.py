@@ -9,7 +9,7 @@ offline re-scoring that no RL framework offers (../shared/notes/rl-frameworks.md
 write ``reward``, gates that return a keep mask) over the run's complete, original rows
 step by step, exactly as the loop runs filters: each filter sees the step's complete
 rows with the run's task and seed in its context and the run's history as of the
-previous step; a keep mask only drops rows still kept (``gfcr.loop.drop``). With
+previous step; a keep mask only drops rows still kept (``gfcr.filters.drop``). With
 ``base="kept"`` the stages come after the run's own filters (rows the run dropped stay
 dropped); with ``base="all"`` every row starts kept and only these stages decide. The
 store is opened read-only by the caller and never written.
@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from gfcr.loop import drop
+from gfcr.filters import applied, set_column
 from gfcr.rollout import col
-from gfcr.stage import StageSpec, StepContext, lookup
+from gfcr.stage import FILTER, StageSpec, StepContext, lookup
 from stages.replay import _reads
 
 Base = Literal["kept", "all"]
@@ -72,9 +72,9 @@ class WhatIf:
 def what_if(store: Any, run_id: str, stages: Sequence[StageSpec], *, base: Base = "kept") -> WhatIf:
     """Replay ``stages`` (filter configs) over the stored rollouts of ``run_id``."""
     for s in stages:
-        if getattr(s, "kind", None) != "filter":
-            raise ValueError(f"what-if: stage {s!r} is not a filter stage (kind "
-                             f"{getattr(s, 'kind', None)!r})")
+        if not (isinstance(s, StageSpec) and s.kind == "filter"):
+            kind = s.kind if isinstance(s, StageSpec) else type(s).__name__
+            raise ValueError(f"what-if: stage {s!r} is not a filter stage (kind {kind!r})")
     if base not in ("kept", "all"):
         raise ValueError(f"what-if: base must be 'kept' or 'all', got {base!r}")
     task, seed = run_task(store, run_id)
@@ -97,20 +97,15 @@ def replay_filters(ctx: StepContext, rows: pa.Table, stages: Sequence[StageSpec]
     """``rows`` after ``stages``, applied as the loop applies filters."""
     if base == "all":
         n = rows.num_rows
-        rows = _set(rows, col.KEPT, pa.array([True] * n))
+        rows = set_column(rows, col.KEPT, pa.array([True] * n))
         for name in (col.DROPPED_BY, col.DROP_REASON):
-            rows = _set(rows, name, pa.nulls(n, pa.string()))
-    for s in stages:
+            rows = set_column(rows, name, pa.nulls(n, pa.string()))
+    for s in FILTER.of(stages):
         result = s.apply(ctx, rows)
         if result.table.num_rows != rows.num_rows:
             raise ValueError(f"what-if: filter {s.label!r} returned {result.table.num_rows} rows "
                              f"for {rows.num_rows}")
-        rows = result.table
-        if result.keep is not None:
-            keep = pa.array(result.keep, pa.bool_())
-            reason = result.reason
-            reasons = pa.array(reason if isinstance(reason, list) else [reason] * len(keep), pa.string())
-            rows = drop(rows, pc.invert(keep), s.label, reasons)
+        rows = applied(result, s.label)
     return rows
 
 
@@ -133,11 +128,6 @@ def _history(store: Any, run_id: str, step: int) -> Any:
         return History(store, run_id, as_of_step=step - 1)
     except StoreError:
         return None
-
-
-def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i), values)
 
 
 def _report(run_id: str, labels: list[str], base: str, before: list[pa.Table],

@@ -31,9 +31,6 @@ _HELDOUT_SEED_OFFSET = 1_000_003
 _DRAWS_PER_PROMPT = 20
 """Give up after this many draws per requested distinct prompt (a task too small)."""
 
-DEFAULT_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
-"""chain_sum with two 1-2 digit terms ("State the final answer to ...: 4 - 1 =")."""
-
 
 @register("task")
 class ReasoningGym(Spec):
@@ -48,11 +45,16 @@ class ReasoningGym(Spec):
 
     type: Literal["reasoning_gym"] = "reasoning_gym"
     dataset: str = "chain_sum"
-    config: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_CONFIG))
-    """Keyword arguments of ``reasoning_gym.create_dataset`` (not seed or size)."""
+    """The reasoning-gym dataset's name (``reasoning_gym.factory.DATASETS``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of ``reasoning_gym.create_dataset`` (not seed or size); a key left
+    out takes the dataset's own default, so ``{}`` is the dataset as reasoning-gym ships it."""
     train_size: int = Field(4000, ge=1)
+    """Distinct training prompts drawn."""
     heldout_size: int = Field(256, ge=1)
+    """Distinct held-out prompts drawn (none of them a training prompt)."""
     seed: int = 0
+    """Seed of the training draw; the held-out draw uses a seed derived from it."""
 
     _cache: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -94,8 +96,19 @@ class ReasoningGym(Spec):
         return self._cache["heldout"]
 
     def score(self, completion: str, answer: str | None, meta: str | None) -> float:
-        """The dataset's ``score_answer`` on the stripped completion, in [0, 1]."""
+        """The dataset's ``score_answer`` on the stripped completion, in [0, 1].
+
+        Partial credit: many reasoning-gym scorers give less than 1 to an answer that is
+        wrong but well-formed or close (e.g. 0.05 for a grid of the right shape in
+        ``arc_agi``, 0.01 for a parsable but wrong move list in ``rush_hour``, a share of
+        the correct items in list answers); 1.0 only for a right answer. ``Verify(
+        full_credit_only=True)`` turns every reward below 1 into 0. The entry is the one
+        drawn in this process when there is one (scorers compare Python values, e.g.
+        tuples, that the JSON in ``meta`` turns into lists), else ``meta`` parsed."""
         entry = json.loads(meta) if meta else {}
+        drawn = self._cache.get("entries", {}).get(
+            prompt_id(self.dataset, str(entry.get("question"))))
+        entry = drawn if drawn is not None else entry
         if answer is not None:
             entry.setdefault("answer", answer)
         return float(self._scorer().score_answer(completion.strip(), entry))
@@ -116,8 +129,11 @@ class ReasoningGym(Spec):
             if pid in seen:
                 continue
             seen.add(pid)
+            self._cache.setdefault("entries", {})[pid] = entry
+            reference = entry.get("answer")  # None: the scorer checks a solution's validity
             rows.append({"prompt_id": pid, "task": self.dataset, "prompt": entry["question"],
-                         "answer": str(entry["answer"]), "meta": json.dumps(entry, default=str)})
+                         "answer": None if reference is None else str(reference),
+                         "meta": json.dumps(entry, default=str)})
             if len(rows) == size:
                 return rows
         raise ValueError(f"{field}={size!r}: {self.dataset!r} with config {self.config!r} gave "
@@ -142,9 +158,13 @@ class JsonlTask(Spec):
 
     type: Literal["jsonl"] = "jsonl"
     path: str
+    """The JSON-lines file of training (and, with heldout_fraction, held-out) prompts."""
     heldout_path: str | None = None
+    """A second JSON-lines file of held-out prompts (removed from training)."""
     heldout_fraction: float | None = Field(None, gt=0.0, lt=1.0)
+    """Share of the prompts held out, chosen stably by prompt-id hash."""
     scorer: Literal["exact", "math"] = "exact"
+    """``exact``: stripped strings equal; ``math``: math-verify equivalence."""
 
     _cache: dict[str, Any] = PrivateAttr(default_factory=dict)
 

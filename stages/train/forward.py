@@ -1,10 +1,11 @@
 """Teacher-forced forward passes of the trainer: completion logprobs, and their entropy.
 
 One function computes the logits at every completion position
-(:func:`completion_logits`); :func:`sequence_logprobs` and :func:`sequence_logprobs_entropy`
-are thin views of it, so the shared-prefix forward exists once.
+(:func:`stages.logprobs.completion_logits`, shared with the engine and the tree's branch
+points); :func:`sequence_logprobs` and :func:`sequence_logprobs_entropy` are thin views of
+it, so the forward pass exists once.
 
-The convention is the engine's (:func:`stages.engines.hf.batch_token_logprobs`): a token's
+The convention is the engine's (:mod:`stages.logprobs`): a token's
 logprob is ``log_softmax(logits / T)`` at its position, raw logits for ``T == 0``, and
 padding positions hold 0 with ``mask`` false.
 """
@@ -15,9 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-_MIN_SHARED = 8
-"""Shortest common prompt prefix worth a separate forward pass."""
-
+from stages.logprobs import completion_logits, gather_logprobs
 
 def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float = 1.0, pad_id: int = 0
@@ -34,7 +33,7 @@ def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[li
     cannot be repeated.
     """
     logits, targets, mask = completion_logits(model, prompts, completions, temperature, pad_id)
-    return _gather(logits, targets, mask), mask
+    return gather_logprobs(logits, targets, mask), mask
 
 
 def sequence_logprobs_entropy(model: Any, prompts: list[list[int]],
@@ -47,87 +46,5 @@ def sequence_logprobs_entropy(model: Any, prompts: list[list[int]],
     drawn from, at the sampling temperature. ``entropy`` maps ``[..., V]`` logits to
     ``[...]`` (``stages.train.loss.token_entropy``); gradients flow through it."""
     logits, targets, mask = completion_logits(model, prompts, completions, temperature, pad_id)
-    return (_gather(logits, targets, mask), mask,
+    return (gather_logprobs(logits, targets, mask), mask,
             entropy(logits).masked_fill(~mask, 0.0))
-
-
-def completion_logits(model: Any, prompts: list[list[int]], completions: list[list[int]],
-                      temperature: float = 1.0, pad_id: int = 0
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(logits / T, targets, mask)``: float32 logits ``[B, T, V]`` predicting each
-    completion token (divided by ``T`` unless ``T == 0``), the token ids ``[B, T]`` and
-    the mask of real tokens ``[B, T]``. Shared-prefix forward where it pays (see
-    :func:`sequence_logprobs`), one right-padded pass otherwise."""
-    if len(prompts) != len(completions):
-        raise ValueError(f"completion_logits: {len(prompts)!r} prompts but "
-                         f"{len(completions)!r} completions")
-    if any(not p for p in prompts):
-        raise ValueError("completion_logits: every prompt needs at least one token")
-    device = next(model.parameters()).device
-    k, cache = _shared_prefix(model, prompts, device)
-    ids, attn, width = _suffix_batch(prompts, completions, k, pad_id)
-    if cache is None:
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device))
-    else:
-        positions = torch.arange(k, k + width, device=device).expand(len(prompts), -1)
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device),
-                    position_ids=positions, past_key_values=cache, use_cache=True)
-    logits = out.logits
-    n_out = max((len(c) for c in completions), default=0)
-    # completion token j of row i is predicted at suffix position len(prompt_i) - k - 1 + j
-    starts = torch.tensor([len(p) - k - 1 for p in prompts], device=device)
-    where = (starts[:, None] + torch.arange(n_out, device=device)[None, :]).clamp(max=width - 1)
-    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
-    targets = torch.zeros((len(prompts), n_out), dtype=torch.long)
-    mask = torch.zeros((len(prompts), n_out), dtype=torch.bool)
-    for i, c in enumerate(completions):
-        targets[i, :len(c)] = torch.tensor(list(c), dtype=torch.long)
-        mask[i, :len(c)] = True
-    scaled = picked / temperature if temperature > 0 else picked
-    return scaled, targets.to(device), mask.to(device)
-
-
-def _gather(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
-    return logprobs.masked_fill(~mask, 0.0)
-
-
-def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
-                   ) -> tuple[int, Any]:
-    """``(k, cache)``: the common prefix length and its KV cache repeated over the batch,
-    or ``(0, None)`` when sharing does not pay or the cache cannot be repeated."""
-    k = _common_prefix(prompts)
-    if k < _MIN_SHARED or len(prompts) < 2:
-        return 0, None
-    shared = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True)
-    cache = shared.past_key_values
-    if not hasattr(cache, "batch_repeat_interleave"):
-        return 0, None
-    cache.batch_repeat_interleave(len(prompts))
-    return k, cache
-
-
-def _common_prefix(prompts: list[list[int]]) -> int:
-    """Length of the longest common prefix, leaving every prompt at least one token."""
-    first = prompts[0]
-    k = min(len(p) for p in prompts) - 1
-    for p in prompts[1:]:
-        j = 0
-        while j < k and p[j] == first[j]:
-            j += 1
-        k = j
-    return max(k, 0)
-
-
-def _suffix_batch(prompts: list[list[int]], completions: list[list[int]], k: int,
-                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Right-padded (prompt[k:] + completion) ids, and the mask over prefix + suffix."""
-    rows = [list(p[k:]) + list(c) for p, c in zip(prompts, completions)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), k + width), dtype=torch.long)
-    attn[:, :k] = 1
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, k:k + len(r)] = 1
-    return ids, attn, width

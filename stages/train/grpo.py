@@ -5,7 +5,7 @@ token-level aggregation (DAPO, Yu et al. 2025), the mean-only advantage and the
 constant-normalised aggregation (Dr. GRPO, Liu et al. 2025), the sequence-level ratio
 (GSPO, Zheng et al. 2025), the k3 KL to a frozen reference (GRPO's own term, off by
 default as in DAPO and Dr. GRPO), an entropy bonus, and any estimator of
-:mod:`stages.train.advantages` (GDPO gets the ``rewards`` components).
+:mod:`stages.advantages` (GDPO gets the ``rewards`` components).
 
 What the learner adds around the loss (:mod:`stages.train.loss`):
 
@@ -23,10 +23,13 @@ What the learner adds around the loss (:mod:`stages.train.loss`):
   a warm-up + constant/linear/cosine learning-rate schedule, gradient-norm clipping,
   optional bf16 autocast (:mod:`stages.train.optim`).
 
-Departure: rows whose advantage is exactly 0 (flat groups, see
-:mod:`stages.train.advantages`) are not forwarded at all, and the loss is averaged over the
-rows that carry signal, so the step size does not shrink with the share of flat groups
-(the effect DAPO's dynamic sampling has when it refills the batch).
+Departure, intended: when the loss has no KL and no entropy term (``kl_coef`` and
+``entropy_coef`` 0, the default), rows whose advantage is exactly 0 (flat groups, MC-GRPO's
+pivots, see :mod:`stages.advantages`) carry no gradient; they are not forwarded at
+all, and the loss is averaged over the rows that carry signal (``seq_mean``'s 1/G counts
+those rows, not the group), so the step size does not shrink with the share of flat groups
+(the effect DAPO's dynamic sampling has when it refills the batch). With a KL or entropy
+term every row carries gradient through it, so no row is dropped and the 1/G is GRPO's.
 
 >>> GRPO(lr=1e-3, clip_high=0.28, aggregation="token_mean")  # doctest: +ELLIPSIS
 GRPO(name=None, type='grpo', lr=0.001, ...)
@@ -34,16 +37,19 @@ GRPO(name=None, type='grpo', lr=0.001, ...)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.engine import Policy
 from gfcr.rollout import col
+from gfcr.capabilities import SamplingTemperature
 from gfcr.stage import StageSpec, register
-from stages.train.advantages import known_advantage
+from stages.advantages import known_advantage
 from stages.train.forward import sequence_logprobs
-from stages.train.learner import GRPOLearner
+from stages.train.learner import GRPOLearner, LearnerOptions
+from stages.train.selection import known_token_selector
 from stages.train.loss import Aggregation, RatioLevel
 from stages.train.optim import Precision, Schedule
 
@@ -67,7 +73,7 @@ class GRPO(StageSpec):
     embedded default's 0.67M tiny Llama 1e-4 loses ~10 points of held-out accuracy in 10
     steps (BENCHMARKS.md, "Learning")."""
     advantage: str = "grpo"
-    """Name in the advantage registry (stages.train.advantages), e.g. grpo, drgrpo, rloo,
+    """Name in the advantage registry (stages.advantages), e.g. grpo, drgrpo, rloo,
     gdpo (per-component normalisation of the ``rewards`` map)."""
     clip_low: float = Field(0.2, gt=0.0, lt=1.0)
     """Lower clip of the ratio (PPO's epsilon)."""
@@ -110,6 +116,9 @@ class GRPO(StageSpec):
     """Truncation of the importance weight of off-policy rows (decoupled PPO, see
     stages.train.offpolicy); None: no correction, stale rows are trained like fresh ones
     against their behaviour logprobs."""
+    token_selector: str = "d3s"
+    """Name in the token-selector registry (stages.train.selection) that picks the loss
+    tokens when the batch carries a ``token_keep_ratio`` below 1 (D³S writes one)."""
 
     reads: ClassVar[frozenset[str]] = frozenset(
         {col.REWARD, col.GROUP_ID, col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS})
@@ -119,6 +128,11 @@ class GRPO(StageSpec):
     @classmethod
     def _known_advantage(cls, value: str) -> str:
         return known_advantage(value)
+
+    @field_validator("token_selector")
+    @classmethod
+    def _known_token_selector(cls, value: str) -> str:
+        return known_token_selector(value)
 
     @model_validator(mode="after")
     def _schedule_is_complete(self) -> "GRPO":
@@ -151,13 +165,11 @@ class GRPO(StageSpec):
 
     def learner(self, policy: Policy, *, seed: int) -> GRPOLearner:
         """A learner with AdamW over ``policy.model`` (updated in place)."""
-        return GRPOLearner(self, policy, seed=seed)
+        names = {f.name for f in dataclasses.fields(LearnerOptions)} - {"label"}
+        options = LearnerOptions(label=self.label, **self.model_dump(include=names))
+        return GRPOLearner(options, policy, seed=seed)
 
 
 def _sampling_temperature(stage: StageSpec) -> float | None:
-    """``temperature`` of a generate stage or of its ``sample`` settings, or None."""
-    for owner in (stage, getattr(stage, "sample", None)):
-        value = getattr(owner, "temperature", None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
+    """The sampling temperature a generate stage declares, or None."""
+    return stage.sampling_temperature() if isinstance(stage, SamplingTemperature) else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,17 +26,42 @@ from gfcr.rollout import col
 from gfcr.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy
-from stages.train.advantages import lookup_advantage, reward_components
+from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
 from stages.train.batching import pack, padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
-from stages.train.loss import Aggregation, policy_loss, token_entropy, truncated_is_weights
-from stages.train.optim import autocast, bf16_problem, lr_factor, set_lr
+from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
+                               truncated_is_weights)
+from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
 
-if TYPE_CHECKING:
-    from stages.train.grpo import GRPO
 
-COMPONENT_ESTIMATORS = frozenset({"gdpo"})
-"""Advantage estimators that read the ``rewards`` components (the others ignore them)."""
+
+@dataclass(frozen=True)
+class LearnerOptions:
+    """What the learner needs, flat: the train stage's options (see
+    :class:`stages.train.grpo.GRPO` for each one's meaning) and its label for errors. The
+    stage builds it, so the learner knows no config class and no method by name."""
+
+    label: str
+    lr: float
+    advantage: str
+    clip_low: float
+    clip_high: float
+    aggregation: Aggregation
+    norm_tokens: int | None
+    ratio_level: RatioLevel
+    epochs: int
+    micro_batch: int
+    micro_batch_tokens: int | None
+    max_grad_norm: float
+    temperature: float
+    lr_schedule: Schedule
+    warmup_steps: int
+    total_steps: int | None
+    precision: Precision
+    kl_coef: float
+    entropy_coef: float
+    tis_cap: float | None
+    token_selector: str = "d3s"
 
 @dataclass
 class _Work:
@@ -60,7 +85,7 @@ class GRPOLearner:
     """Applies :class:`GRPO` updates to a policy shared with the engine. It never touches
     the engine: the loop calls ``engine.update_weights()`` after each update."""
 
-    def __init__(self, spec: GRPO, policy: Policy, *, seed: int) -> None:
+    def __init__(self, spec: LearnerOptions, policy: Policy, *, seed: int) -> None:
         self.spec, self.policy, self.seed = spec, policy, seed
         self.updates = 0
         self.reference: torch.nn.Module | None = None
@@ -110,12 +135,14 @@ class GRPOLearner:
         reference logprobs (no-grad forward passes at the current weights where needed)."""
         spec, label = self.spec, self.spec.label
         self.policy.model.train()
-        rows, prompts, completions, behaviour = _active_rows(batch, adv, label)
+        carries = spec.kl_coef > 0 or spec.entropy_coef > 0  # every row has a gradient
+        rows, prompts, completions, behaviour = _active_rows(batch, adv, label, carries)
         hint = loss_masks.hint_masks(batch, rows, [len(c) for c in completions], stage=label)
         keep = [i for i, m in enumerate(hint) if m.any()]
-        rows, prompts, completions, behaviour, hint = (
-            [seq[i] for i in keep] for seq in (rows, prompts, completions, behaviour, hint))
-        version = ctx.policy_version if ctx is not None else getattr(self.policy, "version", None)
+        rows, prompts, completions = ([rows[i] for i in keep], [prompts[i] for i in keep],
+                                      [completions[i] for i in keep])
+        behaviour, hint = [behaviour[i] for i in keep], [hint[i] for i in keep]
+        version = ctx.policy_version if ctx is not None else self.policy.version
         stale = offpolicy.staleness(batch, rows, version)
         off = offpolicy.off_policy(batch, rows, stale)
         ratio = loss_masks.keep_ratio(batch, stage=label)
@@ -124,7 +151,8 @@ class GRPOLearner:
         forward = [i for i in range(len(rows)) if use_entropy or (use_prox and off[i])]
         prox, entropy = self._no_grad_pass(prompts, completions, forward, use_entropy)
         row_adv = [float(adv[i]) for i in rows]
-        masks = loss_masks.d3s_masks(hint, row_adv, entropy, ratio) if use_entropy else hint
+        masks = (loss_masks.d3s_masks(hint, row_adv, entropy, ratio, spec.token_selector)
+                 if use_entropy else hint)
         work = _Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
                      old=[prox[i] if use_prox and off[i] else behaviour[i]
                           for i in range(len(rows))])
@@ -154,7 +182,7 @@ class GRPOLearner:
         estimator = lookup_advantage(self.spec.advantage)
         groups = np.asarray(batch.column(col.GROUP_ID).to_pylist())
         components = None
-        if self.spec.advantage in COMPONENT_ESTIMATORS and col.REWARDS in batch.column_names:
+        if self.spec.advantage in READS_COMPONENTS and col.REWARDS in batch.column_names:
             entries = batch.column(col.REWARDS).to_pylist()
             if any(entries):  # none: the scalar reward is the one component
                 try:
@@ -178,7 +206,8 @@ class GRPOLearner:
         """Backward of every micro-batch; the loss and token-weighted statistics."""
         spec, device = self.spec, self.device
         denominator, norm = _denominator(work, spec.aggregation), _norm(work, spec)
-        total, weighted, n_all = 0.0, {}, 0.0
+        total, n_all = 0.0, 0.0
+        weighted: dict[str, float] = {}
         for part in self._micro_batches(work):
             new, mask, entropy = self._forward(work, part, grad=True)
             width = mask.shape[1]
@@ -300,15 +329,16 @@ def _rewards(batch: pa.Table, label: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def _active_rows(batch: pa.Table, adv: np.ndarray, label: str
+def _active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
                  ) -> tuple[list[int], list[list[int]], list[list[int]], list[np.ndarray]]:
     """(batch row, prompt ids, completion ids, behaviour logprobs) of rows with A != 0
+    (or, when ``every``, of all rows: a KL or entropy term gives A = 0 rows a gradient)
     and at least one completion token."""
     out: tuple[list, list, list, list] = ([], [], [], [])
     prompts = batch.column(col.PROMPT_IDS).to_pylist()
     completions = batch.column(col.COMPLETION_IDS).to_pylist()
     logprobs = batch.column(col.LOGPROBS).to_pylist()
-    for i in np.flatnonzero(adv != 0.0):
+    for i in (np.arange(len(adv)) if every else np.flatnonzero(adv != 0.0)):
         if len(logprobs[i]) != len(completions[i]):
             raise ValueError(f"{label}: batch row {int(i)!r} has {len(completions[i])!r} "
                              f"completion ids but {len(logprobs[i])!r} logprobs")
@@ -324,10 +354,13 @@ def _drop_empty(work: _Work) -> None:
     keep = [i for i, m in enumerate(work.masks) if m.any()]
     if len(keep) == len(work.masks):
         return
-    for name in ("prompts", "completions", "adv", "masks", "old", "weights"):
-        values = getattr(work, name)
-        if values is not None:
-            setattr(work, name, [values[i] for i in keep])
+    work.prompts = [work.prompts[i] for i in keep]
+    work.completions = [work.completions[i] for i in keep]
+    work.adv = [work.adv[i] for i in keep]
+    work.masks = [work.masks[i] for i in keep]
+    work.old = [work.old[i] for i in keep]
+    if work.weights is not None:
+        work.weights = [work.weights[i] for i in keep]
 
 
 def _denominator(work: _Work, aggregation: Aggregation) -> float:
@@ -337,7 +370,7 @@ def _denominator(work: _Work, aggregation: Aggregation) -> float:
     return float(sum(1 for m in work.masks if m.any()))
 
 
-def _norm(work: _Work, spec: GRPO) -> int | None:
+def _norm(work: _Work, spec: LearnerOptions) -> int | None:
     """The seq_mean_token_sum_norm constant: ``norm_tokens`` or the longest completion."""
     if spec.aggregation != "seq_mean_token_sum_norm":
         return None

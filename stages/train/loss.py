@@ -73,39 +73,55 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     _check_options(aggregation, ratio_level, max_tokens, kl_coef, ref_logprobs,
                    entropy_coef, entropy)
     dtype = new_logprobs.dtype
+    mask = mask.bool()
     maskf = mask.to(dtype)
-    log_ratio = (new_logprobs - old_logprobs.to(dtype)) * maskf
-    ratio, unclipped, clipped = _surrogate(log_ratio, maskf, advantages.to(dtype),
+    log_ratio = _masked(new_logprobs - old_logprobs.to(dtype), mask)
+    ratio, surrogate, clipped = _surrogate(log_ratio, maskf, advantages.to(dtype),
                                            clip_low, clip_high, ratio_level)
-    per_token = -torch.minimum(unclipped, clipped) * maskf
+    per_token = _masked(-surrogate, mask)
     if is_weights is not None:
-        per_token = per_token * is_weights.detach().to(dtype)
+        per_token = _masked(per_token * is_weights.detach().to(dtype), mask)
     kl = entropy_term = None
     if ref_logprobs is not None:
         kl = k3_kl(new_logprobs, ref_logprobs.detach().to(dtype), mask)
         per_token = per_token + kl_coef * kl
     if entropy is not None:
-        entropy_term = entropy.to(dtype) * maskf
+        entropy_term = _masked(entropy.to(dtype), mask)
         per_token = per_token - entropy_coef * entropy_term
     loss = _aggregate(per_token, maskf, aggregation, denominator, max_tokens)
-    with torch.no_grad():
-        n = maskf.sum().clamp(min=1.0)
-        stats = {
-            "clip_frac": float(((clipped < unclipped).to(dtype) * maskf).sum() / n),
-            "approx_kl": float(((log_ratio.exp() - 1.0 - log_ratio) * maskf).sum() / n),
-            "ratio_mean": float((ratio * maskf).sum() / n),
-        }
-        if kl is not None:
-            stats["kl_ref"] = float(kl.sum() / n)
-        if entropy_term is not None:
-            stats["entropy"] = float(entropy_term.sum() / n)
-    return loss, stats
+    return loss, _statistics(mask, log_ratio, ratio, clipped, kl, entropy_term)
+
+
+@torch.no_grad()
+def _statistics(mask: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tensor,
+                clipped: torch.Tensor, kl: torch.Tensor | None,
+                entropy: torch.Tensor | None) -> dict[str, float]:
+    """policy_loss's statistics: means over the masked tokens."""
+    n = mask.sum().clamp(min=1).to(ratio.dtype)
+    stats = {
+        "clip_frac": float(_masked(clipped.to(ratio.dtype), mask).sum() / n),
+        "approx_kl": float(_masked(log_ratio.exp() - 1.0 - log_ratio, mask).sum() / n),
+        "ratio_mean": float(_masked(ratio, mask).sum() / n),
+    }
+    if kl is not None:
+        stats["kl_ref"] = float(kl.sum() / n)
+    if entropy is not None:
+        stats["entropy"] = float(entropy.sum() / n)
+    return stats
+
+
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``mask``, exactly 0 elsewhere. Selecting, not multiplying by the
+    mask: a -inf or nan at a padded position (a -inf logprob there, say) times 0 is nan,
+    in the value and in the gradient."""
+    return torch.where(mask, values, torch.zeros_like(values))
 
 
 def _surrogate(log_ratio: torch.Tensor, maskf: torch.Tensor, advantages: torch.Tensor,
                clip_low: float, clip_high: float, level: RatioLevel
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ratio, unclipped, clipped), each [B, T].
+    """(ratio, min(rho A, clip(rho) A), clipped-term-active), each [B, T]; the ratio and
+    the mask carry no gradient.
 
     ``level="sequence"`` is GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization",
     eq. 5-7): the length-normalised sequence likelihood ratio
@@ -118,14 +134,22 @@ def _surrogate(log_ratio: torch.Tensor, maskf: torch.Tensor, advantages: torch.T
     Since s_i is a geometric mean of token ratios it stays close to 1: GSPO uses clip
     ranges about three orders of magnitude smaller than PPO's (3e-4 low, 4e-4 high in
     the paper), so pass those, not the token-level 0.2.
+
+    Where the clipped term is the smaller one (or A = 0) the objective is a constant and
+    its gradient 0, as in PPO; the unclipped term is then evaluated at ratio 1, so a ratio
+    that overflows (exp(89) is inf in float32) gives a zero gradient, not inf * 0 = nan.
     """
     if level == "sequence":
         lengths = maskf.sum(dim=1).clamp(min=1.0)
-        ratio = torch.exp(log_ratio.sum(dim=1) / lengths).unsqueeze(1).expand_as(log_ratio)
-    else:
-        ratio = torch.exp(log_ratio)
+        log_ratio = (log_ratio.sum(dim=1) / lengths).unsqueeze(1).expand_as(log_ratio)
     adv = advantages.unsqueeze(1)
-    return ratio, ratio * adv, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio)
+        clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+        constant = (clipped < ratio * adv) | (adv == 0)
+    safe = torch.where(constant, torch.zeros_like(log_ratio), log_ratio)
+    surrogate = torch.where(constant, clipped, torch.exp(safe) * adv)
+    return ratio, surrogate, constant & (adv != 0)
 
 
 def _aggregate(per_token: torch.Tensor, maskf: torch.Tensor, aggregation: Aggregation,
@@ -159,9 +183,9 @@ def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
     if new_logprobs.shape != ref_logprobs.shape or new_logprobs.shape != mask.shape:
         raise ValueError(f"k3_kl: new_logprobs {tuple(new_logprobs.shape)}, ref_logprobs "
                          f"{tuple(ref_logprobs.shape)} and mask {tuple(mask.shape)} must match")
-    maskf = mask.to(new_logprobs.dtype)
-    x = (ref_logprobs.to(new_logprobs.dtype) - new_logprobs) * maskf
-    return (torch.exp(x) - x - 1.0) * maskf
+    mask = mask.bool()
+    x = _masked(ref_logprobs.to(new_logprobs.dtype) - new_logprobs, mask)
+    return _masked(torch.exp(x) - x - 1.0, mask)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -3,15 +3,15 @@
 Two upstream stages ask the trainer to leave tokens out of the loss, each through an
 extra column, and only when that column is in the batch:
 
-- ``hint_tokens`` (int32, :mod:`stages.generate.conditioned`, ADHint): the first
+- ``hint_tokens`` (int32, :data:`gfcr.rollout.HINT_TOKENS`, ADHint): the first
   ``hint_tokens`` tokens of ``completion_ids`` were forced from the reference answer, not
   sampled by the policy. They stay in the sequence (the policy's later tokens are
   conditioned on them) but are masked out of the loss, so neither their gradient nor
   their ratio counts (:func:`hint_masks`).
-- ``token_keep_ratio`` (float64, :mod:`stages.filter.d3s`, D³S): keep only that share of
+- ``token_keep_ratio`` (float64, :data:`gfcr.rollout.TOKEN_KEEP_RATIO`, D³S): keep only that share of
   the batch's loss tokens, those with the largest ``|A_i| * H_{i,t}``, where ``H`` is the
   policy's next-token entropy at the training temperature from the trainer's own forward
-  pass (:func:`d3s_masks`, which applies :func:`stages.filter.d3s.token_mask`).
+  pass (:func:`d3s_masks`, which applies a token selector of :mod:`stages.train.selection`).
 
 D³S also hands the trainer its advantages: ``d3s_advantage`` (float64, null = none) is
 each row's advantage within its whole group, the values D³S chose the subset on. Where it
@@ -32,8 +32,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from stages.filter.d3s import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, token_mask
-from stages.generate.conditioned import HINT_TOKENS
+from gfcr.rollout import D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO
+from stages.train.selection import TOKEN_SELECTORS, d3s_tokens
 
 
 def hint_masks(batch: pa.Table, rows: Sequence[int], lengths: Sequence[int],
@@ -92,13 +92,15 @@ def d3s_advantages(batch: pa.Table, adv: np.ndarray, *, stage: str = "grpo") -> 
 
 
 def d3s_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
-              entropies: Sequence[np.ndarray], ratio: float | None) -> list[np.ndarray]:
-    """``masks`` narrowed to D³S's kept tokens: ranks only the tokens already in the loss
-    (``masks`` true) by ``|A_i| * H_{i,t}`` and keeps the ``ratio`` share of them."""
+              entropies: Sequence[np.ndarray], ratio: float | None,
+              selector: str = "d3s") -> list[np.ndarray]:
+    """``masks`` narrowed to the token selector's kept tokens (stages.train.selection;
+    D³S's by default): it ranks only the tokens already in the loss (``masks`` true), by
+    ``|A_i| * H_{i,t}`` for D³S, and keeps the ``ratio`` share of them."""
     if ratio is None or ratio >= 1.0:
         return [np.asarray(m, bool) for m in masks]
     inside = [np.asarray(h, float)[np.asarray(m, bool)] for m, h in zip(masks, entropies)]
-    kept = token_mask(list(advantages), inside, ratio)
+    kept = TOKEN_SELECTORS.get(selector, d3s_tokens)(list(advantages), inside, ratio)
     out = []
     for m, k in zip(masks, kept):
         narrowed = np.asarray(m, bool).copy()

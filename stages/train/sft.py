@@ -22,15 +22,15 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field
 from safetensors.torch import load_model, save_model
 
 from gfcr.engine import Policy
 from gfcr.stage import Spec, register
-from stages.train.grpo import sequence_logprobs
+from stages.train.forward import sequence_logprobs
 
 _CACHE_VERSION = 1
 """Bump when the training procedure changes, so old cache files are not reused."""
@@ -48,8 +48,11 @@ class SFT(Spec):
 
     type: Literal["sft"] = "sft"
     steps: int = Field(1000, ge=1)
+    """Optimizer steps."""
     batch_size: int = Field(64, ge=1)
+    """(prompt, answer) examples per step."""
     lr: float = Field(3e-3, gt=0.0)
+    """Peak learning rate (AdamW)."""
     warmup: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of steps with a linear learning-rate warm-up."""
     schedule: Literal["constant", "cosine"] = "constant"
@@ -57,14 +60,16 @@ class SFT(Spec):
     is a noisier policy whose greedy accuracy RL can raise. ``cosine`` gives a stronger
     warm start (the embedded default uses it)."""
 
-    def run(self, policy: Policy, task: Any, *, seed: int, cache_dir: Path) -> dict[str, float]:
-        """Train ``policy.model`` in place (or load the cached result); returns metrics."""
+    def run(self, policy: Policy, task: Any, *, seed: int, cache_dir: Path,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        """Train ``policy.model`` in place (or load the cached result); returns metrics.
+        ``progress(done, total)`` is called after every training step."""
         started = time.perf_counter()
         path = Path(cache_dir) / f"sft-{self.cache_key(policy, task, seed)}.safetensors"
         if path.exists():
             load_model(policy.model, str(path))
             return {"cached": 1.0, "seconds": time.perf_counter() - started}
-        loss = self._train(policy, task, seed)
+        loss = self._train(policy, task, seed, progress or (lambda done, total: None))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         save_model(policy.model, str(partial))
@@ -74,19 +79,24 @@ class SFT(Spec):
 
     def cache_key(self, policy: Policy, task: Any, seed: int) -> str:
         """sha256 (16 hex digits) of everything the trained weights depend on."""
+        # a transformers model's config, when it has one (other models: their repr)
+        # getattr: the model and tokenizer are foreign objects
         config = getattr(policy.model, "config", None)
+        to_dict = getattr(config, "to_dict", None)  # (a transformers config has to_dict)
         parts = {
             "version": _CACHE_VERSION,
-            "model": config.to_dict() if hasattr(config, "to_dict") else repr(policy.model),
+            "model": to_dict() if callable(to_dict) else repr(policy.model),
+            # getattr: (a tokenizer may lack vocab_size)
             "vocab": getattr(policy.tokenizer, "vocab_size", None),
-            "task": task.model_dump(mode="json") if hasattr(task, "model_dump") else repr(task),
+            "task": task.model_dump(mode="json") if isinstance(task, BaseModel) else repr(task),
             "sft": self.model_dump(mode="json"),
             "seed": seed,
         }
         canonical = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
-    def _train(self, policy: Policy, task: Any, seed: int) -> float:
+    def _train(self, policy: Policy, task: Any, seed: int,
+               progress: Callable[[int, int], None]) -> float:
         """The training loop; returns the mean loss over the last 10% of steps."""
         prompts, completions = _examples(policy, task)
         model = policy.model
@@ -95,6 +105,7 @@ class SFT(Spec):
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
         order = _batches(len(prompts), self.batch_size, self.steps, seed)
         tail: list[float] = []
+        progress(0, self.steps)
         for step, idx in enumerate(order):
             logprobs, mask = sequence_logprobs(model, [prompts[i] for i in idx],
                                                [completions[i] for i in idx], 1.0,
@@ -107,6 +118,7 @@ class SFT(Spec):
             schedule.step()
             if step >= self.steps - max(1, self.steps // 10):
                 tail.append(loss.item())
+            progress(step + 1, self.steps)
         return sum(tail) / len(tail)
 
     def _lr_factor(self, step: int) -> float:

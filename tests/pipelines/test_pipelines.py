@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from gfcr import Pipeline
-from gfcr.pipeline import load
+from gfcr.loading import load
 from gfcr.run import execute
 from stages import (D3S, DOTS, VADE, ActivePartialRollouts, ConditionedSample, CrossRunReplay,
                     DynamicSampling, InSight, OnlinePrune, Overlong, PromptGDRO,

@@ -58,12 +58,15 @@ class ScriptedEngine:
 
     def __init__(self, script: dict[str, dict[str, float]]):
         self.policy = SimpleNamespace(model=_Model(script), tokenizer=_Tokenizer(), version=0)
-        self.script = script
         self.calls: list[list[GenRequest]] = []
 
     @property
+    def script(self) -> dict[str, dict[str, float]]:
+        return self.policy.model.script
+
+    @property
     def version(self) -> int:
-        return 0
+        return self.policy.version
 
     def encode(self, text: str) -> list[int]:
         return self.policy.tokenizer.encode(text)
@@ -72,13 +75,20 @@ class ScriptedEngine:
         return self.policy.tokenizer.decode(ids)
 
     def update_weights(self, state=None) -> int:
-        return 0
+        """``state``: a new script (the scripted engine's weights), or None."""
+        if state is not None:
+            self.policy.model.script = state
+        self.policy.version += 1
+        return self.policy.version
 
     def generate(self, requests: list[GenRequest], params: SamplingParams,
                  on_segment: SegmentHook | None = None) -> list[GenOutput]:
         self.calls.append(list(requests))
         live = {r.key: (r, list(r.prefix_ids), list(r.prefix_logprobs)) for r in requests}
         done: dict[int, str] = {}
+        eos = self.policy.tokenizer.eos_token_id
+        if on_segment is not None:
+            on_segment.wave([r.key for r in requests])  # one wave
         step = 0
         while len(done) < len(live):
             step += 1
@@ -93,16 +103,18 @@ class ScriptedEngine:
                 tok = max(dist, key=lambda t: (dist[t], -t))
                 ids.append(tok)
                 lps.append(math.log(dist[tok]))
-                if tok == EOS:
+                text = self.decode(ids[len(req.prefix_ids) - 1:] if req.prefix_ids else ids)
+                if tok == eos or any(x in text for x in params.stop):
                     done[key] = "stop"
                 elif len(ids) >= cap:
                     done[key] = "length"
             if on_segment and step % params.segment_tokens == 0:
                 running = [Inflight(k, ids, lps, len(ids) - len(r.prefix_ids))
                            for k, (r, ids, lps) in live.items() if k not in done]
-                for k, d in (on_segment(running) or {}).items():
+                for k, d in (on_segment(running) if running else {}).items():
                     if k in live and k not in done and d != "continue":
                         done[k] = {"stop": "aborted", "prune": "pruned"}[d]
         return [GenOutput(key=r.key, completion_ids=live[r.key][1], logprobs=live[r.key][2],
-                          finish_reason=done[r.key], version_start=0, version_end=0,  # type: ignore[arg-type]
+                          finish_reason=done[r.key], version_start=self.version,
+                          version_end=self.version,  # type: ignore[arg-type]
                           seconds=0.0) for r in requests]

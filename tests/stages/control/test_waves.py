@@ -59,6 +59,9 @@ def test_the_hf_engine_announces_each_wave_and_requests_that_end_at_once():
         def __call__(self, inflight):
             return {}
 
+        def expect(self, groups):
+            pass
+
     ids = engine.encode("1+1=")
     requests = [GenRequest(key=k, prompt_ids=ids) for k in range(5)]
     requests.append(GenRequest(key=9, prompt_ids=ids, prefix_ids=ids, prefix_logprobs=[0.0] * 4,

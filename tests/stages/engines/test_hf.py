@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gfcr.engine import Engine, GenRequest, Inflight, Policy, SamplingParams
+from gfcr.engine import Engine, FnHook, GenRequest, Inflight, Policy, SamplingParams
 from stages.engines.hf import HF, HFEngine, batch_token_logprobs, token_logprobs
 from stages.engines.tiny import CharTokenizer, TinyLlama
 
@@ -81,7 +81,8 @@ def test_greedy_continuation_equals_uninterrupted(engine):
     reqs = _requests(engine)
     full = engine.generate(reqs, GREEDY)
     params = GREEDY.model_copy(update={"segment_tokens": 7})
-    cut = engine.generate(reqs, params, on_segment=lambda views: {v.key: "stop" for v in views})
+    cut = engine.generate(reqs, params,
+                          on_segment=FnHook(lambda views: {v.key: "stop" for v in views}))
     assert {o.finish_reason for o in cut} == {"aborted"}
     assert all(len(o.completion_ids) == 7 for o in cut)
     resumed = engine.generate(
@@ -203,7 +204,7 @@ def test_segment_hook_sees_inflight_and_its_decisions_end_sequences(engine):
         return {0: "prune", 1: "stop"} if len(calls) == 1 else {}
 
     params = SamplingParams(temperature=0, max_tokens=14, segment_tokens=4)
-    outs = engine.generate(reqs, params, on_segment=hook)
+    outs = engine.generate(reqs, params, on_segment=FnHook(hook))
     assert [o.finish_reason for o in outs] == ["pruned", "aborted", "length"]
     assert [len(o.completion_ids) for o in outs] == [4, 4, 14]
     # key 2 reaches its cap at new token 12: finished sequences are not shown again
@@ -226,7 +227,7 @@ def test_finished_rows_leave_the_batch_when_it_pays(engine, monkeypatch, max_tok
     reqs = _requests(engine)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, segment_tokens=4)
     plain = engine.generate(reqs, params)
-    pruned = engine.generate(reqs, params, on_segment=lambda views: {0: "prune"})
+    pruned = engine.generate(reqs, params, on_segment=FnHook(lambda views: {0: "prune"}))
     assert len(calls) == shrinks  # 1 row of 4 left with 1 step to come: kept in
     assert pruned[0].finish_reason == "pruned" and len(pruned[0].completion_ids) == 4
     assert _ids(pruned)[1:] == _ids(plain)[1:]
@@ -237,7 +238,7 @@ def test_finished_rows_leave_the_batch_when_it_pays(engine, monkeypatch, max_tok
 def test_segment_hook_rejects_unknown_decision(engine):
     with pytest.raises(ValueError, match="'explode'"):
         engine.generate(_requests(engine)[:1], SamplingParams(temperature=0, segment_tokens=2),
-                        on_segment=lambda views: {0: "explode"})
+                        on_segment=FnHook(lambda views: {0: "explode"}))
 
 
 def test_versions_and_seconds(engine):

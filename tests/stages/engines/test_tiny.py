@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from gfcr.engine import Tokenizer
 from gfcr.stage import REGISTRY
-from stages.engines.tiny import CharTokenizer, HFCheckpoint, HFTokenizer, TinyLlama
+from stages.engines.tiny import (ByteTokenizer, CharTokenizer, HFCheckpoint, HFTokenizer,
+                                 TinyLlama)
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
@@ -33,6 +34,17 @@ def test_char_tokenizer_names_the_unknown_character():
         CharTokenizer().decode([5, 101])
 
 
+def test_byte_tokenizer_round_trips_any_text():
+    tok = ByteTokenizer()
+    assert isinstance(tok, Tokenizer) and tok.vocab_size == 259
+    for text in ("1+1=", "voilà: ë, 数, 🙂", "tab\tnew\nline", ""):
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.encode("à") == [0xC3 + 3, 0xA0 + 3]
+    assert tok.decode([tok.bos_token_id, 0xC3 + 3, tok.eos_token_id, 0]) == "\ufffd"  # half a char
+    with pytest.raises(ValueError, match="id 259"):
+        tok.decode([259])
+
+
 def test_tiny_llama_is_registered_and_strict():
     assert REGISTRY["policy"]["tiny_llama"] is TinyLlama
     assert REGISTRY["policy"]["hf_checkpoint"] is HFCheckpoint
@@ -48,7 +60,11 @@ def test_tiny_llama_builds_a_seeded_llama():
     a, b, c = (TinyLlama(**SMALL).build(seed=s) for s in (0, 0, 1))
     assert isinstance(a.model, LlamaForCausalLM) and a.version == 0
     cfg = a.model.config
-    assert (cfg.vocab_size, cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (101, 0, 1, 2)
+    assert (cfg.vocab_size, cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (259, 0, 1, 2)
+    assert isinstance(a.tokenizer, ByteTokenizer) and a.remedy == ""
+    char = TinyLlama(**SMALL, tokenizer="char").build(seed=0)
+    assert char.model.config.vocab_size == 101 and isinstance(char.tokenizer, CharTokenizer)
+    assert "policy.tokenizer='byte'" in char.remedy
     assert next(a.model.parameters()).dtype == torch.float32
     for x, y in zip(a.model.parameters(), b.model.parameters()):
         assert torch.equal(x, y)

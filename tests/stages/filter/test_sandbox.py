@@ -1,5 +1,6 @@
-"""The code sandbox against hostile programs: each is contained, classified, and the next
-run works (verl #7603: model output must never run in the trainer's process)."""
+"""The code sandbox's limits: each is hit, classified, and the next run works (verl #7603:
+model output must never run in the trainer's process). Attacks on the host, as root and
+as nobody, are in test_hostile.py."""
 
 from __future__ import annotations
 
@@ -9,20 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from stages.filter.sandbox import Limits, isolation, run_python
+from stages.filter.sandbox import Sandbox, SandboxUnavailable, run_python, unavailable
+from stages import CodeTests, Verify
+from stages.filter.verifiers import UnsafeSandbox
+from tests.resources.rollouts import context, rollouts
+from tests.resources.sandbox_users import require
 
-FAST = Limits(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, file_mb=1)
-MODES = ["jail", "rlimits"] if isolation() == "jail" else ["rlimits"]
+FAST = Sandbox(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, file_mb=1)
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(params=MODES)
-def mode(request):
-    return request.param
+@pytest.fixture
+def mode():
+    require(unavailable() is None, f"namespaces unavailable: {unavailable()}")
+    return "namespaces"
 
 
 def run(source: str, mode: str):
-    return run_python(source, FAST, isolation_mode=mode)
+    return run_python(source, FAST.model_copy(update={"isolation": mode}))
 
 
 def test_a_plain_program_runs_and_its_output_comes_back(mode):
@@ -30,12 +35,15 @@ def test_a_plain_program_runs_and_its_output_comes_back(mode):
     assert (out.verdict, out.returncode, out.stdout, out.stderr.strip()) == ("ok", 0, "45\n", "oops")
     assert run("assert 1 + 1 == 3", mode).verdict == "failed"
     assert run("import no_such_module", mode).verdict == "error"
+    # a program cannot pass itself off as a sandbox that failed to start (a scorer error)
+    assert run("import sys\nprint('bwrap: fake', file=sys.stderr)\nsys.exit(1)",
+               mode).verdict == "error"
 
 
 def test_an_infinite_loop_is_stopped_by_the_cpu_limit(mode):
     # a generous wall limit: on a shared machine one CPU-second can take several seconds
     limits = FAST.model_copy(update={"wall_seconds": 10.0})
-    out = run_python("while True:\n    pass", limits, isolation_mode=mode)
+    out = run_python("while True:\n    pass", limits)
     assert out.verdict == "cpu_time" and out.violation
 
 
@@ -44,12 +52,12 @@ def test_a_sleeper_is_killed_at_the_wall_time_limit(mode):
     assert out.verdict == "wall_time" and out.seconds < FAST.wall_seconds + 1
 
 
-def test_a_fork_bomb_cannot_fork(mode):
-    if mode == "rlimits" and os.geteuid() == 0:
-        pytest.skip("RLIMIT_NPROC does not bind root; the rlimits level relies on the "
-                    "audit hook here, which a fork bomb must not be trusted to")
-    out = run("import os\nwhile True:\n    os.fork()", mode)
-    assert out.verdict == "processes", out.stderr
+def test_a_fork_bomb_cannot_fork_nor_start_threads(mode):
+    for bomb in ("import os\nwhile True:\n    os.fork()",
+                 "import subprocess\nsubprocess.run(['true'])",
+                 "import threading\nthreading.Thread(target=print).start()"):
+        out = run(bomb, mode)
+        assert out.verdict == "processes", (bomb, out.stderr)
 
 
 def test_a_memory_bomb_hits_the_memory_limit(mode):
@@ -107,3 +115,28 @@ def test_the_run_goes_on_after_hostile_programs(mode):
     for hostile in ("while True: pass", "x = bytearray(10 ** 10)"):
         assert run(hostile, mode).violation
     assert run("print('still fine')", mode).stdout == "still fine\n"
+
+
+def test_the_result_channel_comes_back_and_the_isolation_is_recorded(mode):
+    out = run("import os\nos.write(3, b'[1, 2]')\nprint('hi')", mode)
+    assert (out.channel, out.stdout, out.isolation) == ("[1, 2]", "hi\n", "namespaces")
+
+
+def test_without_namespaces_code_refuses_to_run_naming_why_and_the_opt_in(monkeypatch,
+                                                                         tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    unavailable.cache_clear()
+    try:
+        assert "bubblewrap (bwrap) is not installed" in str(unavailable())
+        with pytest.raises(SandboxUnavailable, match=r'not installed.*isolation="unsafe"'):
+            run_python("print(1)", FAST)
+        out = run_python("import os\nprint(os.path.exists('/etc'))", FAST.model_copy(
+            update={"isolation": "unsafe"}))
+        assert (out.stdout, out.isolation) == ("True\n", "unsafe")  # the host is in reach
+        with pytest.raises(ValueError, match=r"stage 'verify': the code sandbox cannot isolate"):
+            Verify(scorer=CodeTests(sandbox=FAST)).apply(context(), rollouts(["g"]))
+        with pytest.warns(UnsafeSandbox, match="step 3: CodeTests runs model-written code"):
+            CodeTests(sandbox=FAST.model_copy(update={"isolation": "unsafe"})).scorer(
+                context(step=3))
+    finally:
+        unavailable.cache_clear()

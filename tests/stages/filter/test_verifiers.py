@@ -9,11 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from gfcr.rollout import col
-from stages import CodeTests, Function, Limits, Match, MathAnswer, ReasoningGym, TaskScore, Verify
-from stages.filter.verifiers import program
+from tests.conftest import SUMS
+from stages import CodeTests, Function, Match, MathAnswer, ReasoningGym, Sandbox, TaskScore, Verify
+from stages.filter.verifiers import code_and_tests
+from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
 from tests.resources.rollouts import context, rollouts
 
-FAST = Limits(cpu_seconds=1, wall_seconds=3.0, memory_mb=256)
+FAST = Sandbox(cpu_seconds=1, wall_seconds=3.0, memory_mb=256)
 
 
 def _scores(verifier, completion, answer="42", meta=None, task=None):
@@ -21,7 +23,7 @@ def _scores(verifier, completion, answer="42", meta=None, task=None):
 
 
 def test_task_scorer_is_the_reasoning_gym_scorer():
-    task = ReasoningGym(train_size=4, heldout_size=1)
+    task = ReasoningGym(train_size=4, heldout_size=1, config=SUMS)
     row = task.train_prompts().to_pylist()[0]
     assert _scores(TaskScore(), f" {row['answer']} ", row["answer"], row["meta"], task) == 1.0
     assert _scores(TaskScore(), "no idea", row["answer"], row["meta"], task) == 0.0
@@ -48,11 +50,12 @@ def test_exact_and_regex_match():
 def test_code_is_run_against_the_tests_in_the_sandbox():
     meta = json.dumps({"tests": ["assert square(3) == 9", "assert square(-2) == 4"]})
     good = "Here you go:\n```python\ndef square(x):\n    return x * x\n```"
-    assert _scores(CodeTests(limits=FAST), good, None, meta) == 1.0
-    assert _scores(CodeTests(limits=FAST), "def square(x):\n    return x + x", None, meta) == 0.0
-    assert _scores(CodeTests(limits=FAST), "def square(x) return", None, meta) == 0.0
-    assert "assert square(3) == 9" in program(good, None, meta)
-    assert program("print(1)", "assert True", None).endswith("assert True\n")  # tests in answer
+    assert _scores(CodeTests(sandbox=FAST), good, None, meta) == 1.0
+    assert _scores(CodeTests(sandbox=FAST), "def square(x):\n    return x + x", None, meta) == 0.0
+    assert _scores(CodeTests(sandbox=FAST), "def square(x) return", None, meta) == 0.0
+    assert code_and_tests(good, None, meta) == ("def square(x):\n    return x * x\n",
+                                                "assert square(3) == 9\nassert square(-2) == 4")
+    assert code_and_tests("print(1)", "assert f() == 1", None) == ("print(1)", "assert f() == 1")
 
 
 def test_shorthands_name_verifiers_and_bad_ones_are_rejected():
@@ -62,8 +65,9 @@ def test_shorthands_name_verifiers_and_bad_ones_are_rejected():
         Function(ref="tests.resources.digits:explode")
     with pytest.raises(ValidationError, match="'regex:<pattern>' or 'module:function'"):
         Verify(scorer="nonsense")
-    with pytest.raises(ValidationError, match="must exceed the sandbox's limits.wall_seconds"):
-        Verify(scorer=CodeTests(limits=FAST), timeout=2.0)
+    with pytest.raises(ValidationError,
+                       match="must exceed the code verifier's sandbox.wall_seconds"):
+        Verify(scorer=CodeTests(sandbox=FAST), timeout=2.0)
 
 
 def test_verify_records_errors_timeouts_and_hostile_code_and_goes_on():
@@ -74,7 +78,7 @@ def test_verify_records_errors_timeouts_and_hostile_code_and_goes_on():
         "import os\nwhile True: os.fork()",  # fork bomb
         "def f():\n    return 2"],           # wrong
         meta=[tests] * 4, answer=[None] * 4)
-    stage = Verify(scorer=CodeTests(limits=FAST.model_copy(update={"wall_seconds": 8.0})),
+    stage = Verify(scorer=CodeTests(sandbox=FAST.model_copy(update={"wall_seconds": 8.0})),
                    timeout=20.0, on_error="zero")
     result = stage.apply(context(), table)
     out = result.table
@@ -85,24 +89,21 @@ def test_verify_records_errors_timeouts_and_hostile_code_and_goes_on():
     assert "SandboxViolation" in errors[2] and "processes" in errors[2]
     assert result.keep == [True] * 4  # on_error="zero": scored 0, kept
     assert out.column(col.REWARDS).to_pylist()[0] == [("verify", 1.0)]
+    assert out.column(SCORE_ISOLATION).to_pylist() == ["namespaces"] * 4
 
 
-def test_a_hanging_or_nan_scorer_is_recorded_not_waited_for():
+def test_a_nan_scorer_is_a_failure_and_ends_the_run():
     table = rollouts(["g", "g"])
-    started = time.perf_counter()
-    result = Verify(scorer="tests.resources.scorers:slow", timeout=0.3).apply(context(), table)
-    assert time.perf_counter() - started < 3
-    assert result.keep == [False, False]
-    assert all("TimeoutError" in e for e in result.table.column(col.SCORE_ERROR).to_pylist())
-    result = Verify(scorer="tests.resources.scorers:nan").apply(context(), table)
-    assert result.table.column(col.SCORE_ERROR).to_pylist() == ["scorer returned nan"] * 2
+    with pytest.raises(ScorerFailed, match=r"failed on all 2 rollouts \(first error: scorer "
+                                           r"returned nan\).*--resume run"):
+        Verify(scorer="tests.resources.scorers:nan").apply(context(), table)
 
 
 def test_a_verifier_config_round_trips_through_a_pipeline(pipeline):
     from gfcr import Pipeline
 
     stages = list(pipeline.stages)
-    stages[2] = Verify(scorer=CodeTests(limits=FAST), timeout=5.0)
+    stages[2] = Verify(scorer=CodeTests(sandbox=FAST), timeout=5.0)
     p = Pipeline(**{**pipeline.to_dict(), "stages": [s.model_dump() for s in stages]})
-    assert p.stage("verify").scorer == CodeTests(limits=FAST)
+    assert p.stage("verify").scorer == CodeTests(sandbox=FAST)
     assert Pipeline.from_yaml(p.to_yaml()).spec_hash() == p.spec_hash()

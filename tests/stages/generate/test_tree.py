@@ -10,13 +10,14 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from gfcr.engine import FnHook
 from gfcr.rollout import PROMPT_SCHEMA, col, prompt_id
 from gfcr.run import execute
 from stages import HF, GRPO, ReasoningGym, TinyLlama, TreeRollout, UniformSampler, Verify
 from stages.engines.hf import token_logprobs
 from stages.generate.tree import BRANCH_POS, edit_ratio
 from store import History, RolloutStore
-from tests.conftest import tiny_pipeline
+from tests.conftest import SUMS, tiny_pipeline
 from tests.resources.rollouts import context
 from tests.resources.scripted import ScriptedEngine
 
@@ -93,14 +94,16 @@ def test_segment_hooks_of_control_stages_still_run():
         seen.extend(v.key for v in inflight)
         return {}
     engine = ScriptedEngine(SCRIPT)
-    TreeRollout(n=2, lookahead=2).generate(context(), _plan("P:"), engine, hook)
+    TreeRollout(n=2, lookahead=2).generate(context(), _plan("P:"), engine, FnHook(hook))
     assert seen
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    task = ReasoningGym(train_size=16, heldout_size=4)
-    policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64).build(seed=0)
+    task = ReasoningGym(train_size=16, heldout_size=4, config=SUMS)
+    # the char vocabulary: a near-uniform tiny model then branches at 1.2% (not over 259 ids)
+    policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                       tokenizer="char").build(seed=0)
     return task, policy, HF(device="cpu").build(policy, seed=0)
 
 

@@ -12,7 +12,8 @@ from stages.engines.hf import batch_token_logprobs
 from stages.engines.tiny import TinyLlama
 from stages.train.grpo import GRPO, sequence_logprobs
 
-TINY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+TINY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, tokenizer="char")
+"""The char vocabulary: the tolerances below were set with its 101 ids."""
 PROMPTS = ["State the answer: 1 + 2 =", "State the answer: 13 - 4 =",
            "State the answer: 1 + 2 =", "State the answer: 7 + 7 ="]
 COMPLETIONS = ["3", "9", "12", "14"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.filter.d3s import token_mask
+from stages.train.selection import token_mask
 from stages.train.advantages import lookup_advantage
 from stages.train.batching import padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy

@@ -6,12 +6,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from tests.conftest import SUMS
 from stages.engines.tiny import TinyLlama
 from stages.tasks.reasoning_gym import ReasoningGym
 from stages.train.sft import SFT, _examples
 
 TINY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-TASK = ReasoningGym(train_size=32, heldout_size=8)
+TASK = ReasoningGym(train_size=32, heldout_size=8, config=SUMS)
 SPEC = SFT(steps=20, batch_size=8, lr=1e-2)
 
 

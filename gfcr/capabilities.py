@@ -1,0 +1,108 @@
+"""Capabilities, checked when a pipeline is built: the engine's, and optional stage
+protocols (checked with ``isinstance``, never looked up by name).
+
+Engine capabilities:
+
+An engine spec declares what its engine can do (``capabilities``); a stage declares what
+it needs from the engine (``StageSpec.engine_needs``; a control stage with an
+``on_segment`` hook needs ``"segments"`` without saying so). A pipeline whose engine
+lacks something one of its stages needs is refused, naming the stage, the engine and
+the capability, before anything runs.
+
+- ``segments``: generation in segments with an in-flight hook (stop, prune, waves);
+- ``continuation``: a request's ``prefix_ids`` continued (partial rollouts, branches);
+- ``teacher_forcing``: ``engine.policy.model`` in this process, for teacher-forced
+  passes (TreeRollout's branch points, Hints' forced-token logprobs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from gfcr.stage import OnSegment, StageSpec
+
+CAPABILITIES = frozenset({"segments", "continuation", "teacher_forcing"})
+
+
+@runtime_checkable
+class EngineSpec(Protocol):
+    """An engine's config: builds the engine and says what it can do."""
+
+    capabilities: ClassVar[frozenset[str]]
+
+    def build(self, policy: Any, *, seed: int) -> Any: ...
+
+
+def needs(stage: StageSpec) -> frozenset[str]:
+    """What ``stage`` needs from the engine."""
+    extra = {"segments"} if stage.kind == "control" and isinstance(stage, OnSegment) else set()
+    return stage.engine_needs | extra
+
+
+def check_engine(engine: Any, stages: list[StageSpec], problems: list[str]) -> None:
+    """Append one problem per stage whose needs the engine does not meet."""
+    have = engine.capabilities if isinstance(engine, EngineSpec) else frozenset()
+    # getattr: an engine spec's registry name, when it is a registered config
+    kind = getattr(engine, "type", type(engine).__name__)
+    for s in stages:
+        missing = sorted(needs(s) - have)
+        if missing:
+            problems.append(
+                f"stage {s.label!r} needs the engine capability {', '.join(missing)} "
+                f"(gfcr.capabilities), which engine {kind!r} does not declare (it has "
+                f"{', '.join(sorted(have)) or 'none'}); use an engine that has it, e.g. hf "
+                f"or vllm, or drop the stage")
+
+
+@runtime_checkable
+class PipelineRule(Protocol):
+    """Optional on any stage: rules it states about the other stages of its pipeline
+    (e.g. a train stage's temperature must be the generate stage's), checked when the
+    pipeline is built; each problem names the stage, field and value."""
+
+    def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]: ...
+
+
+@runtime_checkable
+class PlanDefaults(Protocol):
+    """Optional on a generate stage: the ``n`` and ``max_tokens`` a plan row without its
+    own gets (gfcr.rollout.PLAN_N, PLAN_MAX_TOKENS); allocate stages see them filled in."""
+
+    def plan_defaults(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class ContinuesPartials(Protocol):
+    """Optional on a generate stage: whether it honours the plan's ``recycle`` column
+    (gfcr.rollout.RECYCLE), continuing recycled partial rollouts; a stage that brings
+    them back requires it when the pipeline is built."""
+
+    @property
+    def continues_partials(self) -> bool: ...
+
+
+@runtime_checkable
+class SamplingTemperature(Protocol):
+    """Optional on a generate stage: the temperature it samples at (0: greedy), which a
+    train stage's ratio must match (gfcr.engine's logprob convention)."""
+
+    def sampling_temperature(self) -> float: ...
+
+
+@runtime_checkable
+class EngineRng(Protocol):
+    """Optional on an engine: a sampling generator carried between calls, which a
+    checkpoint saves and restores (gfcr.checkpoint)."""
+
+    def get_rng_state(self) -> object: ...
+
+    def set_rng_state(self, state: object) -> None: ...
+
+
+@runtime_checkable
+class PromptStats(Protocol):
+    """What a history (store.History) offers stages that read per-prompt outcomes."""
+
+    def prompt_stats(self, prompt_ids: list[str] | None = None) -> pa.Table: ...

@@ -1,0 +1,72 @@
+"""``gfcr run``'s engine room: run a request through the gfcr flow (or in-process).
+
+With the Prefect executor ``gfcr run`` calls the module-level flow
+:func:`gfcr.flow.pipeline_flow`, the one a deployment runs on a worker; with
+``--executor local`` it runs the same request without Prefect. Either way the first
+Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.cancel`) and this
+raises :class:`~gfcr.cancel.RunCancelled`; a second one stops at once
+(KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal
+from typing import Any, Callable
+
+from gfcr.cancel import RunCancelled, Stop, on_signals
+from gfcr.executors import Executor, PrefectExecutor, named
+from gfcr.flow import RunRequest, extra_hooks, pipeline_flow, run_request
+
+
+def run(request: RunRequest, executor: str, *, hooks: list[Any],
+        notify: Callable[[str], None]) -> Any:
+    """The run's RunSummary; raises RunCancelled when it was stopped at a step boundary,
+    and what the run raised when it failed."""
+    chosen: Executor = named(executor)
+    if isinstance(chosen, PrefectExecutor):
+        return _in_flow(request, hooks)
+    stop = Stop(notify=notify)
+    with on_signals(stop):
+        return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
+
+
+def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
+    _shielded_temporary_server()
+    token = extra_hooks.set(tuple(hooks))
+    try:
+        named_flow = pipeline_flow.with_options(flow_run_name=request.run_id)
+        state = named_flow(**_parameters(request), return_state=True)
+        # a sync flow called with return_state gives its State (never an awaitable here)
+        assert not inspect.isawaitable(state)
+    finally:
+        extra_hooks.reset(token)
+    if state.is_cancelled():
+        raise RunCancelled(state.message or f"run {request.run_id!r} cancelled",
+                           run_id=request.run_id or "")
+    return state.result()
+
+
+def _shielded_temporary_server() -> None:
+    """Start Prefect's temporary server (used when no PREFECT_API_URL is set) with SIGINT
+    blocked, a mask the server process inherits. A terminal's Ctrl-C goes to the whole
+    foreground process group; without this it also stopped the server, so the run, which
+    stops at its next step boundary, could no longer record its state in Prefect and the
+    command ended in a connection error. Prefect stops the server with SIGTERM at exit."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():  # a real server: nothing of ours to shield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _parameters(request: RunRequest) -> dict[str, Any]:
+    data = request.model_dump()
+    data["overrides"] = list(data["overrides"])
+    return data

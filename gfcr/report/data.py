@@ -1,0 +1,239 @@
+"""What a report or a diagnosis reads from a rollout store, per run, in a few SQL queries.
+
+Everything is aggregated in DuckDB (per step, per group, per stage), so a run of a
+million rollouts is read in seconds: no per-rollout row leaves the database except the
+few sampled completions. The store is opened read-only by the caller; nothing here writes.
+
+Held-out accuracy is read by :func:`accuracies` alone: from an ``evaluations`` table
+where the store has one, else from the ``heldout_accuracy`` step metric.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gfcr.rollout import ROLLOUT_SCHEMA
+
+NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
+                  "prompt", "answer", "reward", "score_error", "kept", "dropped_by",
+                  "drop_reason", "status", "finish_reason", "n_tokens", "replay_count",
+                  "policy_version_start", "logprobs")
+"""Rollout columns the report and the doctor read; a store lacking one is older than
+this gfcr and gets a message saying so (rather than a SQL binder error)."""
+
+PASS_LABELS = ("0", "(0, .25]", "(.25, .5]", "(.5, .75]", "(.75, 1)", "1")
+"""Group pass-rate bins (share of a group's samples with reward >= 1): none, ..., all."""
+
+SAMPLE_STEPS = 8
+"""Steps of which the report shows sampled completions (spread over the run)."""
+
+
+class ReportError(ValueError):
+    """A run cannot be reported or diagnosed; the message says which and why."""
+
+
+@dataclass
+class RunData:
+    """One run as the report and the doctor see it: per-step series aligned with ``steps``."""
+
+    run_id: str
+    run: dict[str, Any]
+    steps: list[int]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    """Metric name -> one value per step (NaN where a step has none)."""
+    drops: dict[str, list[float]] = field(default_factory=dict)
+    """"stage: reason" -> rows dropped at each step."""
+    pass_dist: list[list[float]] = field(default_factory=list)
+    """Per step, the share of groups in each PASS_LABELS bin."""
+    accuracy: list[tuple[int, float, str]] = field(default_factory=list)
+    """Held-out evaluations: (step, accuracy, label)."""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def get(self, name: str) -> list[float]:
+        return self.series.get(name, [math.nan] * len(self.steps))
+
+    def has(self, name: str) -> bool:
+        return any(math.isfinite(v) for v in self.series.get(name, []))
+
+
+def check_schema(store: Any) -> None:
+    """Raise ReportError naming what an older store lacks."""
+    have = {r["column_name"] for r in store.sql(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'rollouts' "
+        "AND database_name = current_database()").to_pylist()}
+    missing = [c for c in NEEDED_COLUMNS if c not in have]
+    if missing:
+        raise ReportError(
+            f"store {store.uri!r} has an older schema: its rollouts table lacks column(s) "
+            f"{missing} (this gfcr writes {len(ROLLOUT_SCHEMA)} columns). Report it with the "
+            "gfcr version that wrote it, or export it and re-commit with this one.")
+
+
+def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
+    """Everything about ``run_id`` the report shows; ReportError for an unknown or empty run."""
+    runs = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id]).to_pylist()
+    if not runs:
+        known = [r["run_id"] for r in store.sql(
+            "SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5").to_pylist()]
+        raise ReportError(f"no run {run_id!r} in store {store.uri!r}; "
+                          f"its latest runs: {known or 'none'} (gfcr runs lists them all)")
+    step_rows = store.sql("SELECT step, policy_version, n_rollouts, n_kept, metrics FROM steps "
+                          "WHERE run_id = ? ORDER BY step", [run_id]).to_pylist()
+    if not step_rows:
+        raise ReportError(f"run {run_id!r} in store {store.uri!r} has no committed step "
+                          f"(status {runs[0]['status']!r}): nothing to report yet")
+    data = RunData(run_id, runs[0], [r["step"] for r in step_rows])
+    _step_metrics(data, step_rows)
+    _rollout_series(store, data)
+    data.drops = _drops(store, data)
+    data.pass_dist = _pass_distribution(store, data)
+    data.accuracy = accuracies(store, run_id)
+    if samples:
+        data.samples = _samples(store, data)
+    return data
+
+
+def _step_metrics(data: RunData, rows: list[dict[str, Any]]) -> None:
+    """The steps table's metrics map, one series per metric name."""
+    index = {s: i for i, s in enumerate(data.steps)}
+    for row in rows:
+        i = index[row["step"]]
+        values = dict(row["metrics"] or []) | {"policy_version": row["policy_version"]}
+        for name, value in values.items():
+            series = data.series.setdefault(name, [math.nan] * len(data.steps))
+            series[i] = math.nan if value is None else float(value)
+
+
+_PER_STEP = """
+SELECT step,
+       count(*) AS rows,
+       avg(kept::INT) AS kept_share,
+       avg(n_tokens) AS length_mean,
+       quantile_cont(n_tokens, 0.95) AS length_p95,
+       avg((finish_reason = 'length')::INT) AS truncated_share,
+       avg(reward) FILTER (WHERE fresh) AS sampled_reward,
+       avg((reward >= 1)::INT) FILTER (WHERE fresh AND reward IS NOT NULL) AS sampled_pass_rate,
+       avg((score_error IS NOT NULL)::INT) AS score_error_share,
+       avg(coalesce(score_error ILIKE '%timeout%', false)::INT) AS score_timeout_share,
+       avg((NOT fresh)::INT) AS replayed_share,
+       avg(stale::DOUBLE) FILTER (WHERE kept AND stale > 0) AS staleness_mean,
+       max(stale) FILTER (WHERE kept) AS staleness_max,
+       avg((stale > 0)::INT) FILTER (WHERE kept) AS offpolicy_row_share,
+       -sum(list_sum(logprobs)) FILTER (WHERE fresh AND n_tokens > 0)
+         / nullif(sum(n_tokens) FILTER (WHERE fresh AND n_tokens > 0), 0) AS sampled_nll,
+       sqrt(var_samp(-list_sum(logprobs) / n_tokens) FILTER (WHERE fresh AND n_tokens > 0)
+            / count(*) FILTER (WHERE fresh AND n_tokens > 0)) AS sampled_nll_se
+FROM (SELECT r.*, replay_count = 0 AS fresh, v.newest - policy_version_start AS stale
+      FROM rollouts r JOIN (
+          SELECT step, coalesce(max(policy_version_end) FILTER (WHERE replay_count = 0),
+                                max(policy_version_end)) AS newest
+          FROM rollouts WHERE run_id = $1 GROUP BY step) v USING (step)
+      WHERE r.run_id = $1)
+GROUP BY step ORDER BY step
+"""
+
+
+def _rollout_series(store: Any, data: RunData) -> None:
+    """Per-step aggregates over the run's rollouts (one query)."""
+    table = store.sql(_PER_STEP, [data.run_id])  # $1 twice
+    for name, series in aligned(data.steps, table).items():
+        data.series[f"store/{name}"] = series
+
+
+def aligned(steps: list[int], table: Any) -> dict[str, list[float]]:
+    """Each column of ``table`` after its first (``step``) as a series over ``steps``:
+    NaN where the table has no row for a step or a null value."""
+    index = {s: i for i, s in enumerate(steps)}
+    out: dict[str, list[float]] = {}
+    rows = table.column("step").to_pylist()
+    for name in table.column_names[1:]:
+        series = [math.nan] * len(steps)
+        for step, value in zip(rows, table.column(name).to_pylist()):
+            if step in index and value is not None:
+                series[index[step]] = float(value)
+        out[name] = series
+    return out
+
+
+def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
+    rows = store.sql("SELECT step, dropped_by, coalesce(drop_reason, '?') AS reason, count(*) AS n "
+                     "FROM rollouts WHERE run_id = ? AND NOT kept GROUP BY ALL",
+                     [data.run_id]).to_pylist()
+    index = {s: i for i, s in enumerate(data.steps)}
+    out: dict[str, list[float]] = {}
+    for row in rows:
+        key = f"{row['dropped_by'] or '?'}: {row['reason']}"
+        out.setdefault(key, [0.0] * len(data.steps))[index[row["step"]]] = float(row["n"])
+    return dict(sorted(out.items(), key=lambda kv: -sum(kv[1])))
+
+
+def _pass_bin_sql() -> str:
+    return ("CASE WHEN pass_rate = 0 THEN 0 WHEN pass_rate <= 0.25 THEN 1 WHEN pass_rate <= 0.5 "
+            "THEN 2 WHEN pass_rate <= 0.75 THEN 3 WHEN pass_rate < 1 THEN 4 ELSE 5 END")
+
+
+def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
+    """Per step, the share of the step's groups (fresh, scored) in each pass-rate bin."""
+    rows = store.sql(
+        f"SELECT step, {_pass_bin_sql()} AS bin, count(*) AS n FROM ("
+        "  SELECT step, group_id, avg((reward >= 1)::INT) AS pass_rate FROM rollouts"
+        "  WHERE run_id = ? AND reward IS NOT NULL AND replay_count = 0 GROUP BY step, group_id)"
+        " GROUP BY ALL", [data.run_id]).to_pylist()
+    index = {s: i for i, s in enumerate(data.steps)}
+    counts = [[0.0] * len(PASS_LABELS) for _ in data.steps]
+    for row in rows:
+        counts[index[row["step"]]][row["bin"]] = float(row["n"])
+    return [[c / total for c in row] if (total := sum(row)) else row for row in counts]
+
+
+def accuracies(store: Any, run_id: str) -> list[tuple[int, float, str]]:
+    """Held-out accuracies of ``run_id`` as (step, accuracy, label), by step.
+
+    From the store's ``evaluations`` table where it has one (columns ``run_id``, ``step``,
+    ``accuracy`` and, if present, ``label`` and ``evaluated_at``) where it holds the run's,
+    else from the ``heldout_accuracy`` metric of the ``steps`` rows (a store from before
+    that table)."""
+    tables = {r["table_name"] for r in store.sql(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").to_pylist()}
+    if "evaluations" in tables:
+        cols = {r["column_name"] for r in store.sql(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'evaluations' "
+            "AND database_name = current_database()").to_pylist()}
+        label = "label" if "label" in cols else "''"
+        order = "step, evaluated_at" if "evaluated_at" in cols else "step"
+        rows = store.sql(f"SELECT step, accuracy, {label} AS label FROM evaluations "
+                         f"WHERE run_id = ? ORDER BY {order}", [run_id]).to_pylist()
+        if rows:
+            return [(r["step"], float(r["accuracy"]), str(r["label"] or "")) for r in rows]
+    rows = store.sql("SELECT step + 1 AS step, metrics['heldout_accuracy'] AS accuracy FROM steps "
+                     "WHERE run_id = ? AND metrics['heldout_accuracy'] IS NOT NULL ORDER BY step",
+                     [run_id]).to_pylist()
+    return [(r["step"], float(r["accuracy"]), f"step={r['step']}") for r in rows]
+
+
+def _samples(store: Any, data: RunData) -> list[dict[str, Any]]:
+    """A right, a wrong and a dropped completion at up to SAMPLE_STEPS steps of the run."""
+    steps = sample_steps(data.steps)
+    kind = ("CASE WHEN NOT kept THEN 'dropped' WHEN reward >= 1 THEN 'right' "
+            "WHEN reward IS NOT NULL THEN 'wrong' ELSE 'unscored' END")
+    placeholders = ", ".join("?" * len(steps))
+    ids = store.sql(
+        f"SELECT arg_min(rollout_id, hash(rollout_id)) AS rollout_id FROM rollouts "
+        f"WHERE run_id = ? AND step IN ({placeholders}) GROUP BY step, {kind}",
+        [data.run_id, *steps]).column("rollout_id").to_pylist()
+    if not ids:
+        return []
+    return store.sql(
+        f"SELECT step, {kind} AS kind, prompt, completion, answer, reward, dropped_by, "
+        f"drop_reason, finish_reason FROM rollouts WHERE run_id = ? AND step IN ({placeholders}) "
+        "AND list_contains(?, rollout_id) ORDER BY step, kind",
+        [data.run_id, *steps, ids]).to_pylist()
+
+
+def sample_steps(steps: list[int], n: int = SAMPLE_STEPS) -> list[int]:
+    """Up to ``n`` steps spread evenly over ``steps``, first and last included."""
+    if len(steps) <= n:
+        return list(steps)
+    return sorted({steps[round(i * (len(steps) - 1) / (n - 1))] for i in range(n)})

@@ -1,0 +1,189 @@
+"""The vLLM engine's run-time half: segmented generation, seeds and weight sync
+(the spec, options and start-up errors are in :mod:`stages.engines.vllm`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq
+
+
+class VLLMEngine:
+    """:class:`gfcr.engine.Engine` over a ``vllm.LLM`` fed from a :class:`Policy` the
+    trainer updates in place (see the module docstring of ``stages.engines.vllm``)."""
+
+    def __init__(self, policy: Policy, llm: Any, *, folder: Path, seed: int,
+                 in_process: bool, sleep_mode: bool) -> None:
+        self._policy, self._llm, self._folder = policy, llm, folder
+        self._in_process, self._sleep_mode = in_process, sleep_mode
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._rng = torch.get_rng_state()
+
+    @property
+    def version(self) -> int:
+        return self._policy.version
+
+    @property
+    def policy(self) -> Policy:
+        """The trainer's policy; teacher-forced passes (TreeRollout, Hints) run on it."""
+        return self._policy
+
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM`` itself (benchmarks compare against its raw ``generate``)."""
+        return self._llm
+
+    def encode(self, text: str) -> list[int]:
+        return self._policy.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._policy.tokenizer.decode(ids)
+
+    def get_rng_state(self) -> torch.Tensor:
+        """torch's CPU generator state used for calls without ``SamplingParams.seed``."""
+        return self._rng.clone()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self._rng = state.cpu().clone()
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, state: Any | None = None) -> int:
+        """Load ``state`` into the policy if given, copy the policy's weights into vLLM in
+        place, drop vLLM's prefix cache (KV of the old weights) and advance the version."""
+        if state is not None:
+            self._policy.model.load_state_dict(state)
+        if self._in_process:
+            self._llm.collective_rpc("reload_weights",
+                                     kwargs={"weights_iterator": self._tensors()})
+        else:
+            save_policy(self._policy, self._folder)
+            self._llm.collective_rpc("reload_weights",
+                                     kwargs={"weights_path": str(self._folder)})
+        self._llm.reset_prefix_cache()
+        self._policy.version += 1
+        return self._policy.version
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._policy.model.state_dict().items():
+            yield name, tensor.detach()
+
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory while the learner runs (``VLLM(sleep_mode=True)``)."""
+        if self._sleep_mode:
+            self._llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self._sleep_mode:
+            self._llm.wake_up()
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams,
+                 on_segment: SegmentHook | None = None) -> list[GenOutput]:
+        """Generate every request; outputs in request order (module docstring: how)."""
+        t0 = time.perf_counter()
+        check_keys(requests)
+        seqs = [new_seq(r, params) for r in requests]
+        if on_segment is not None:
+            on_segment.wave([s.req.key for s in seqs])  # one wave: vLLM batches it all
+        with self._rng_scope(params.seed):
+            while True:
+                live = [s for s in seqs if s.reason is None]
+                if not live:
+                    break
+                step = params.segment_tokens if on_segment is not None else None
+                self._segment(live, params, step, t0)
+                if on_segment is not None:
+                    ask_hook(on_segment, [s for s in live if s.reason is None],
+                             time.perf_counter() - t0)
+        version = self.version
+        return [GenOutput(key=s.req.key, completion_ids=s.req.prefix_ids + s.ids,
+                          logprobs=s.req.prefix_logprobs + s.logprobs,
+                          finish_reason=s.reason,  # type: ignore[arg-type]
+                          version_start=version, version_end=version, seconds=s.seconds)
+                for s in seqs]
+
+    @contextlib.contextmanager
+    def _rng_scope(self, seed: int | None) -> Iterator[None]:
+        """vLLM samples from torch's global generator: give it the call's seed (or the
+        engine's own state), and give the caller's state back afterwards."""
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            if seed is not None:
+                torch.manual_seed(seed)
+            else:
+                torch.set_rng_state(self._rng)
+                if devices:
+                    torch.cuda.manual_seed(int(self._rng[:8].sum()))
+            yield
+            if seed is None:
+                self._rng = torch.get_rng_state()
+
+    def _segment(self, live: list[Seq], params: SamplingParams, step: int | None,
+                 t0: float) -> None:
+        """One ``LLM.generate`` over the live sequences, at most ``step`` new tokens each."""
+        from vllm import SamplingParams as VSampling
+        from vllm import TokensPrompt
+
+        eos = self._policy.tokenizer.eos_token_id
+        prompts, sampling = [], []
+        for s in live:
+            room = s.budget - len(s.ids)
+            prompts.append(TokensPrompt(prompt_token_ids=s.req.prompt_ids + s.req.prefix_ids
+                                        + s.ids))
+            sampling.append(VSampling(
+                temperature=params.temperature, top_p=params.top_p, logprobs=0,
+                max_tokens=room if step is None else min(step, room), detokenize=False,
+                stop_token_ids=[eos], ignore_eos=False, skip_special_tokens=False))
+        outs = self._llm.generate(prompts, sampling, use_tqdm=False)
+        now = time.perf_counter() - t0
+        for s, out in zip(live, outs):
+            comp = out.outputs[0]
+            toks = list(comp.token_ids)
+            lps = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
+            _append(s, toks, lps, eos, params.stop, self.decode)
+            if s.reason is not None:
+                s.seconds = now
+
+
+def _append(s: Seq, toks: list[int], lps: list[float], eos: int, stops: tuple[str, ...],
+            decode: Any) -> None:
+    """Add a segment's tokens, ending the sequence at EOS, a stop string or its budget."""
+    scan_from = len(decode(s.req.prefix_ids + s.ids)) if stops else 0
+    for t, lp in zip(toks, lps):
+        s.ids.append(t)
+        s.logprobs.append(lp)
+        if t == eos:
+            s.reason = "stop"
+        elif stops and _hit(decode(s.req.prefix_ids + s.ids), stops, scan_from):
+            s.reason = "stop"
+        elif len(s.ids) >= s.budget:
+            s.reason = "length"
+        if s.reason is not None:
+            return
+
+
+def _hit(text: str, stops: tuple[str, ...], scan_from: int) -> bool:
+    """Whether a stop string ends in the text added after ``scan_from`` characters."""
+    return any(text.find(x, max(0, scan_from - len(x) + 1)) >= 0 for x in stops)
+
+
+def save_policy(policy: Policy, folder: Path) -> None:
+    """Write the policy where vLLM loads it from, leaving its config as it was:
+    ``save_pretrained`` fills in ``architectures`` and ``dtype``, which would change the
+    warm-start cache key (a hash of the config) and so retrain a cached warm start."""
+    config = policy.model.config
+    before = {key: config.__dict__.get(key) for key in ("architectures", "dtype")}
+    try:
+        policy.model.save_pretrained(folder, safe_serialization=True)
+    finally:
+        for key, value in before.items():
+            setattr(config, key, value)

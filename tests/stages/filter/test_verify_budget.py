@@ -1,0 +1,76 @@
+"""Scorers under a step's time budget and a circuit breaker; a scorer that fails on a
+whole step ends the run (issue 12, item 7)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gfcr.rollout import col
+from stages import Verify
+from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
+from tests.conftest import tiny_pipeline
+from tests.resources import scorers
+from tests.resources.rollouts import context, rollouts
+
+
+def _helpers() -> int:
+    return sum(t.name == "gfcr-helper" for t in threading.enumerate())
+
+
+def test_a_hanging_scorer_trips_the_breaker_and_holds_one_thread():
+    completions = ["fine", "hang"] + ["fine"] * 10
+    table = rollouts(["g"] * 12, completion=completions)
+    stage = Verify(scorer="tests.resources.scorers:hangs_on_hang", timeout=0.2, breaker=3)
+    scorers.RELEASE.clear()
+    try:
+        before = _helpers()
+        with pytest.warns(RuntimeWarning, match=r"scoring stopped: the scorer failed 3 times"):
+            first = stage.apply(context(step=0), table)
+        with pytest.warns(RuntimeWarning, match="circuit breaker"), \
+                pytest.raises(ScorerFailed, match="still running"):
+            stage.apply(context(step=1), table)  # the hung call still holds its helper
+        assert _helpers() <= max(before, 1)  # one helper for this thread, hung or not
+    finally:
+        scorers.RELEASE.set()
+    errors = first.table.column(col.SCORE_ERROR).to_pylist()
+    assert errors[0] is None and "ran past its limit" in errors[1]
+    assert all("an earlier call of the scorer is still running" in e for e in errors[2:4])
+    assert all(e.startswith("not scored: the scorer failed 3 times") for e in errors[4:])
+    assert first.keep == [True] + [False] * 11
+    assert first.table.column(SCORE_ISOLATION).to_pylist() == ["in_process"] * 12
+
+
+def test_a_step_stops_scoring_when_its_budget_is_spent():
+    table = rollouts(["g"] * 30)
+    with pytest.warns(RuntimeWarning, match=r"its time budget of 0.35s is spent"):
+        result = Verify(scorer="tests.resources.scorers:sleepy", budget=0.35).apply(
+            context(), table)
+    errors = result.table.column(col.SCORE_ERROR).to_pylist()
+    assert errors[0] is None and errors[-1] == "not scored: its time budget of 0.35s is spent"
+    assert errors.count(None) < 30
+
+
+def test_a_scorer_that_fails_on_every_rollout_ends_the_run(tmp_path):
+    from gfcr.run import execute
+    from stages import GRPO, GroupSample, UniformSampler
+
+    p = tiny_pipeline(stages=[UniformSampler(batch=2), GroupSample(n=2, max_tokens=4),
+                              Verify(scorer="tests.resources.scorers:broken"), GRPO()])
+    with pytest.raises(ScorerFailed, match=r"stage 'verify', step 0: the scorer failed on "
+                                           r"all 4 rollouts \(first error: KeyError"):
+        execute(p, root=tmp_path, executor="local")
+
+
+def test_a_program_the_sandbox_stops_is_a_verdict_not_a_scorer_failure():
+    from stages import CodeTests, Sandbox
+    from stages.filter.sandbox import unavailable
+    from tests.resources.sandbox_users import require
+
+    require(unavailable() is None, f"namespaces unavailable: {unavailable()}")
+    table = rollouts(["g"] * 2, completion=["import os\nos.fork()"] * 2,
+                     meta=['{"tests": ["assert f() == 1"]}'] * 2, answer=[None] * 2)
+    stage = Verify(scorer=CodeTests(sandbox=Sandbox(wall_seconds=3.0)), timeout=10.0, breaker=1)
+    result = stage.apply(context(), table)  # no ScorerFailed, no breaker
+    assert all("processes" in e for e in result.table.column(col.SCORE_ERROR).to_pylist())

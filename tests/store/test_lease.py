@@ -1,0 +1,85 @@
+"""Run leases (store.lease): one owner per run id, stale leases taken over, in a store
+folder's lease database and in a PostgreSQL catalog."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from store import RolloutStore
+from store.lease import LeaseHeld, LeaseLost, RunLease, hold, leases
+from tests.store.test_durability import pg_database  # noqa: F401 (fixture)
+
+
+def _elsewhere(lease: RunLease) -> RunLease:
+    """``lease`` as if held by a process on another machine (its pid means nothing here)."""
+    lease.holder = replace(lease.holder, host="other-host", pid=4242, machine="other/1")
+    return lease
+
+
+def _exercise(store: RolloutStore) -> None:
+    first = RunLease(store.catalog, "r").acquire()
+    with pytest.raises(LeaseHeld, match=r"run 'r' is already running: pid \d+ on host"):
+        RunLease(store.catalog, "r").acquire()
+    RunLease(store.catalog, "other").acquire().release()  # other run ids are free
+    first.renew()
+    assert set(leases(store.catalog)) == {"r"}
+    first.release()
+    assert leases(store.catalog) == {}
+
+    # a holder on another machine that stops renewing: refused until its lease lapses
+    gone = _elsewhere(RunLease(store.catalog, "r", ttl=1.0)).acquire()
+    gone._stop.set()  # the renewer stops, as in a process that froze
+    with pytest.raises(LeaseHeld, match="pid 4242 on host 'other-host'"):
+        RunLease(store.catalog, "r").acquire()
+    time.sleep(1.5)
+    taker = RunLease(store.catalog, "r").acquire()
+    assert taker.previous is not None and taker.previous.holder.pid == 4242
+    assert "lapsed" in (taker.stale_reason or "")
+    with pytest.raises(LeaseLost, match="taken over by pid"):
+        gone.renew()
+    taker.release()
+    gone.release()
+
+
+def test_leases_in_a_store_folder(tmp_path):
+    with RolloutStore.open(tmp_path / "s") as store:
+        _exercise(store)
+    assert (tmp_path / "s" / "leases.sqlite").exists()
+
+
+@pytest.mark.postgres
+def test_leases_in_a_postgres_catalog(pg_database, tmp_path):  # noqa: F811
+    with RolloutStore.open(pg_database, data_path=tmp_path / "data") as store:
+        _exercise(store)
+
+
+def test_a_dead_local_holder_is_stale_at_once_and_its_run_marked_crashed(tmp_path):
+    with RolloutStore.open(tmp_path / "s") as store:
+        store.start_run("r", pipeline="p", spec_yaml="x", spec_hash="h", code_version="v")
+        dead = RunLease(store.catalog, "r")
+        dead.holder = replace(dead.holder, pid=2**22 + 7)  # no such process here
+        dead.acquire()
+        dead._stop.set()
+        with hold(store, "r") as lease:
+            assert "no longer exists" in (lease.stale_reason or "")
+            row = store.sql("SELECT status, error FROM runs").to_pylist()[0]
+            assert row["status"] == "crashed" and "died" in row["error"]
+            store.start_run("r", pipeline="p", spec_yaml="x", spec_hash="h", code_version="v")
+        assert store.sql("SELECT status, error FROM runs").to_pylist() == [
+            {"status": "running", "error": None}]
+
+
+def test_a_commit_after_the_lease_was_lost_is_refused(tmp_path):
+    from tests.store.conftest import make_rollouts
+
+    with RolloutStore.open(tmp_path / "s") as store:
+        with hold(store, "r") as lease:
+            lease._lost = "run 'r': taken over by pid 1 on host 'h'"
+            with pytest.raises(LeaseLost, match="taken over"):
+                store.commit_step("r", 0, make_rollouts(4, run_id="r"), policy_version=0,
+                                  metrics={})
+            lease._lost = None
+        assert store.last_step("r") is None
