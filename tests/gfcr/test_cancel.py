@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from gfcr import checkpoint
+from tests.conftest import tiny_pipeline
 from store import RolloutStore, StoreError
 
 PIPELINE_FILE = """
