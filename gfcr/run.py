@@ -10,10 +10,9 @@ the run ends (:mod:`gfcr.commits`).
 
 A run id the store already holds is continued, not restarted: from its newest checkpoint,
 replaying committed steps after it without committing them again (:mod:`gfcr.resume`).
-Checkpoints are written after every ``checkpoint.every`` steps and after the last, as the
-task ``checkpoint[step=N]`` (:mod:`gfcr.checkpoint`). A stop request (:mod:`gfcr.cancel`)
-ends the run at the next step boundary, checkpointed, with the store's status
-``cancelled``.
+Checkpoints are written after every ``checkpoint.every`` steps and after the last
+(:mod:`gfcr.checkpoint`). A stop request (:mod:`gfcr.cancel`) ends the run at the next
+step boundary, checkpointed, with the store's status ``cancelled``.
 """
 
 from __future__ import annotations
@@ -136,10 +135,9 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     of a run the store already holds resumes that run from its newest checkpoint (see
     :mod:`gfcr.resume`); the pipeline must then be that run's own, up to ``steps`` and
     ``checkpoint``, or :class:`gfcr.resume.ResumeError` is raised before anything is
-    written. ``store`` is an open RolloutStore (None: open the one under ``root``).
-    ``executor`` is an :class:`~gfcr.executors.Executor` or its name ("prefect",
-    "local"). When ``stop`` is requested the run ends at the next step boundary and
-    raises :class:`~gfcr.cancel.RunCancelled` (see :mod:`gfcr.cancel`).
+    written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
+    an :class:`~gfcr.executors.Executor` or its name ("prefect", "local"). When ``stop``
+    is requested the run ends at the next step boundary and raises RunCancelled.
     """
     lake = storage.backend()
     root = Path(root).resolve()
@@ -187,10 +185,10 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
             status, error = "cancelled", _reason(exc)
             raise
         except BaseException as exc:
-            if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
-                status, error = "cancelled", _reason(exc)
-                raise KeyboardInterrupt(f"stopped at once ({error})") from exc
             error = _reason(exc)
+            if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
+                status = "cancelled"
+                raise KeyboardInterrupt(f"stopped at once ({error})") from exc
             raise
         finally:
             try:
