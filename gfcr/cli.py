@@ -169,13 +169,15 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
          store: Optional[str] = typer.Option(None, help=STORE_HELP),
          fmt: str = typer.Option("table", "--format", help="table, csv or json.")) -> None:
     """List the runs in the store (a run whose process died shows as crashed), with each
-    one's Prefect state when PREFECT_API_URL is set."""
+    one's Prefect state when PREFECT_API_URL is set (a crashed run's flow run that Prefect
+    still shows running is set to Crashed)."""
     from gfcr.cli_sql import QueryFailed, check_format, print_table, runs_table
     from gfcr.runs_view import with_prefect
 
     try:
         check_format(fmt)
-        table, note = with_prefect(runs_table(store or root / "store"))
+        where = store or root / "store"
+        table, note = with_prefect(runs_table(where), where)
     except QueryFailed as e:
         _fail(str(e))
     if note and fmt == "table":
