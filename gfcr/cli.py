@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -362,7 +362,7 @@ def _reraise(exc: BaseException) -> str:
     raise exc
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False,
               soft_wrap=True)
     raise typer.Exit(2)
