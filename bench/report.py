@@ -7,7 +7,8 @@ extension links):
 
 - ``report_s``: ``gfcr.report.write_report`` in this process (open the store read-only,
   every query, render, write the page) — the target is < 10 s on this machine;
-- ``report_cli_s``: the ``gfcr report`` command in a fresh process, imports included;
+- ``report_cli_s``: the ``gfcr report`` command in a fresh process (``python -m gfcr.cli``
+  from this checkout), imports included;
 - ``doctor_s``: ``gfcr.doctor.diagnose`` on the same run;
 - ``prompt_history_s``: the store's ``prompt_history`` view over the same rows, the
   baseline measured in the same run (bench/store.py's ``history_query_s_1m``).
@@ -94,10 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         page = Path(tmp) / "report.html"
         result["report_s"], result["report_cpu_s"] = _median(lambda: write_report(path, [run_id], page))
         result["page_kb"] = page.stat().st_size / 1024
-        gfcr = Path(sys.executable).with_name("gfcr")
+        # `python -m gfcr.cli` from the checkout (not the installed `gfcr` script, which
+        # may be another checkout's): the command as a user runs it, imports included
         result["report_cli_s"], result["report_cli_cpu_s"] = _median(lambda: subprocess.run(
-            [str(gfcr), "report", run_id, "--store", str(path), "--out", str(page)], check=True,
-            capture_output=True))
+            [sys.executable, "-m", "gfcr.cli", "report", run_id, "--store", str(path), "--out",
+             str(page)], check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1]))
         with RolloutStore.open(path, read_only=True) as s:
             result["doctor_s"], result["doctor_cpu_s"] = _median(lambda: diagnose(s, run_id))
             result["prompt_history_s"], result["prompt_history_cpu_s"] = _median(

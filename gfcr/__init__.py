@@ -1,23 +1,50 @@
 """gfcr: declarative GFCR (Generate, Filter, Control, Replay) rollout pipelines for LLM RL.
 
-The public API. Importing gfcr is cheap: torch, prefect and mlflow load only when a run
-needs them.
+The public API. Importing gfcr is cheap: each name below loads its module on first use
+(PEP 562), so a command that needs none of them (``gfcr report``, ``gfcr sql``) does not
+pay for the pipeline, engine and run modules; torch, prefect and mlflow load only when a
+run needs them.
 """
 
-from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy, SamplingParams,
-                         Tokenizer)
-from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
-from gfcr.loading import load
-from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
-from gfcr.run import RunSummary, execute
-from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
-                        register)
+from __future__ import annotations
 
-__all__ = [
-    "Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy", "SamplingParams",
-    "Tokenizer",
-    "Checkpointing", "Evaluation", "Pipeline", "PipelineError", "load",
-    "ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id",
-    "RunSummary", "execute",
-    "FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup", "register",
-]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
+                             SamplingParams, Tokenizer)
+    from gfcr.loading import load
+    from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
+    from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
+    from gfcr.run import RunSummary, execute
+    from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
+                            register)
+
+_WHERE = {
+    "gfcr.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
+                    "SamplingParams", "Tokenizer"),
+    "gfcr.pipeline": ("Checkpointing", "Evaluation", "Pipeline", "PipelineError"),
+    "gfcr.loading": ("load",),
+    "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
+    "gfcr.run": ("RunSummary", "execute"),
+    "gfcr.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",
+                   "register"),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = [name for names in _WHERE.values() for name in names]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use and keep the name here."""
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gfcr' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

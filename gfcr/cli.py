@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -144,18 +144,31 @@ def _resumed_pipeline(root: Path, store: Optional[str], run_id: str) -> Any:
 
 @app.command()
 def sql(
-    query: str = typer.Argument(..., help="A read-only SQL statement."),
+    query: Optional[str] = typer.Argument(None, help="A read-only SQL statement."),
     root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
     store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
     fmt: str = typer.Option("table", "--format", help="table, csv or json."),
+    duckdb: bool = typer.Option(False, "--duckdb", help="Print DuckDB statements that open "
+                                "the store read-only, for `duckdb -init FILE` or any client."),
+    ui: bool = typer.Option(False, "--ui", help="Open DuckDB's local UI on the store "
+                            "(duckdb-extension-ui); Ctrl-C stops it."),
+    port: int = typer.Option(4213, help="Port of the UI server (--ui)."),
 ) -> None:
-    """Query the rollout store (tables rollouts, steps, runs and the shipped views)."""
+    """Query the rollout store (tables rollouts, steps, runs and the shipped views), or open
+    a DuckDB session on it (--duckdb, --ui)."""
     from gfcr.cli_sql import QueryFailed, check_format, print_table
     from gfcr.cli_sql import query as run_query
 
+    where = store or root / "store"
+    if duckdb or ui:
+        if query is not None:
+            _fail("give a query or --duckdb/--ui, not both")
+        return cli_report.duckdb_session(where, ui, port)
+    if query is None:
+        _fail("give a read-only SQL statement, or --duckdb or --ui (a DuckDB session on the store)")
     try:
         check_format(fmt)
-        result = run_query(store or root / "store", query)
+        result = run_query(where, query)
     except QueryFailed as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -169,13 +182,15 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
          store: Optional[str] = typer.Option(None, help=STORE_HELP),
          fmt: str = typer.Option("table", "--format", help="table, csv or json.")) -> None:
     """List the runs in the store (a run whose process died shows as crashed), with each
-    one's Prefect state when PREFECT_API_URL is set."""
+    one's Prefect state when PREFECT_API_URL is set (a crashed run's flow run that Prefect
+    still shows running is set to Crashed)."""
     from gfcr.cli_sql import QueryFailed, check_format, print_table, runs_table
     from gfcr.runs_view import with_prefect
 
     try:
         check_format(fmt)
-        table, note = with_prefect(runs_table(store or root / "store"))
+        where = store or root / "store"
+        table, note = with_prefect(runs_table(where), where)
     except QueryFailed as e:
         _fail(str(e))
     if note and fmt == "table":
@@ -347,7 +362,7 @@ def _reraise(exc: BaseException) -> str:
     raise exc
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False,
               soft_wrap=True)
     raise typer.Exit(2)
@@ -369,7 +384,7 @@ def _print_summary(s: Any) -> None:
               f"WHERE run_id = '{s.run_id}' GROUP BY ALL ORDER BY step\"")
 
 
-from gfcr import cli_report  # noqa: E402 (report, doctor, duckdb)
+from gfcr import cli_report  # noqa: E402 (report, doctor; sql --duckdb)
 
 cli_report.register(app)
 

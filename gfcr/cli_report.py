@@ -1,5 +1,5 @@
-"""``gfcr report``, ``gfcr doctor`` and ``gfcr duckdb``: seeing a run, diagnosing it, and
-opening its store in DuckDB's own tools. Each reads the store read-only."""
+"""``gfcr report``, ``gfcr doctor`` and ``gfcr sql --duckdb/--ui``: seeing a run, diagnosing
+it, and opening its store in DuckDB's own tools. Each reads the store read-only."""
 
 from __future__ import annotations
 
@@ -82,20 +82,15 @@ def _print_findings(run_id: str, findings: list[Any]) -> None:
         out.print(f"  try:       {f.advice}", highlight=False, markup=False)
 
 
-def duckdb(
-    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
-    store: Optional[str] = typer.Option(None, help=STORE_HELP),
-    ui: bool = typer.Option(False, "--ui", help="Start DuckDB's local UI on the store "
-                            "(needs duckdb-extension-ui) and wait for Ctrl-C."),
-    port: int = typer.Option(4213, help="Port of the UI server (--ui)."),
-) -> None:
-    """Print the DuckDB statements that open the store read-only (extensions loaded from
-    the installed packages, the catalog attached, the shipped views created), for the
-    DuckDB CLI (`duckdb -init FILE`) or any DuckDB client."""
+def duckdb_session(where: str | Path, ui: bool, port: int) -> None:
+    """``gfcr sql --duckdb`` and ``--ui``: print the DuckDB statements that open the store at
+    ``where`` read-only (extensions loaded from the installed packages, the catalog
+    attached, the shipped views created), for the DuckDB CLI (`duckdb -init FILE`) or any
+    DuckDB client; or run them in DuckDB's local UI server and wait for Ctrl-C."""
     from gfcr.duck_session import StoreSqlError, statements, ui_server
 
     try:
-        script = statements(store or root / "store")
+        script = statements(where)
     except StoreSqlError as e:
         _fail(str(e))
     if not ui:
@@ -118,4 +113,3 @@ def register(app: typer.Typer) -> None:
     """Add the commands to the ``gfcr`` app."""
     app.command()(report)
     app.command()(doctor)
-    app.command()(duckdb)

@@ -8,33 +8,45 @@ from __future__ import annotations
 
 import sys
 from types import UnionType
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import (TYPE_CHECKING, Annotated, Any, Literal, Optional, Union, get_args,
+                    get_origin)
 
 import typer
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.stage import REGISTRY, STAGE_ORDER, Spec, load_plugins
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
-KIND_ORDER = (*STAGE_ORDER, "task", "policy", "engine", "warmstart")
-"""Stage kinds in pipeline order, then the components."""
+    from gfcr.stage import Spec
+
+COMPONENTS = ("task", "policy", "engine", "warmstart")
+"""Component kinds, listed after the stage kinds (gfcr.stage's STAGE_ORDER). gfcr.stage is
+imported only when ``gfcr stages`` runs, so other commands start without it."""
+
+
+def kind_order() -> tuple[str, ...]:
+    """Stage kinds in pipeline order, then the components."""
+    from gfcr.stage import STAGE_ORDER
+
+    return (*STAGE_ORDER, *COMPONENTS)
 
 
 def stages(type_: Optional[str] = typer.Argument(
         None, metavar="[TYPE]", help="A stage or component type: print its fields.")) -> None:
     """List every stage and component type (kind, module, summary), or one type's fields."""
+    from gfcr.stage import REGISTRY, load_plugins
+
     load_plugins()
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if type_ is None:
         console.print(overview())
         console.print("`gfcr stages TYPE` lists a type's fields.", highlight=False)
         return
-    found = [(kind, REGISTRY[kind][type_]) for kind in KIND_ORDER if type_ in REGISTRY[kind]]
+    found = [(kind, REGISTRY[kind][type_]) for kind in kind_order() if type_ in REGISTRY[kind]]
     if not found:
-        known = sorted({t for kind in KIND_ORDER for t in REGISTRY[kind]})
+        known = sorted({t for kind in kind_order() for t in REGISTRY[kind]})
         raise typer.BadParameter(f"no stage or component type {type_!r}; known: "
                                  f"{', '.join(known)}", param_hint="TYPE")
     for kind, cls in found:
@@ -45,8 +57,10 @@ def stages(type_: Optional[str] = typer.Argument(
 
 def overview() -> Table:
     """One row per registered type: type, kind, module and the docstring's first line."""
+    from gfcr.stage import REGISTRY
+
     table = Table("type", "kind", "module", "summary", box=None, pad_edge=False)
-    for kind in KIND_ORDER:
+    for kind in kind_order():
         for name, cls in sorted(REGISTRY[kind].items()):
             table.add_row(*map(escape, (name, kind, cls.__module__, summary(cls))))
     return table
@@ -88,6 +102,8 @@ def type_name(annotation: Any) -> str:
 
 
 def default(info: FieldInfo) -> str:
+    from pydantic_core import PydanticUndefined
+
     if info.default_factory is not None:
         return repr(info.default_factory())  # type: ignore[call-arg]
     if info.default is PydanticUndefined:

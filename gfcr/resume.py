@@ -26,6 +26,16 @@ which is why it is not the default.
 ``runs`` table, with ``steps`` and ``checkpoint.*`` left out (so ``--steps`` can extend a
 run and checkpoint settings can change) must hash the same. Anything else is refused
 before the store is touched, naming both spec hashes and each field that differs.
+
+**A stored spec means what it meant when it was stored.** ``runs.spec_yaml`` holds every
+field the code of its day had, each filled in; a field it lacks did not exist then. Such a
+field is read as the value that does what that code did: the value recorded in
+:data:`ABSENT_MEANT` for the fields whose default changed after they were added (the tiny
+policy's ``tokenizer`` was added defaulting to ``char`` and later became ``byte``), and its
+default for every other field (a field is added with a default that keeps the old
+behaviour). Both the resume check and the pipeline rebuilt by ``--resume RUN_ID`` read
+the stored spec so; a run stored before a default changed resumes with the old value, and
+a pipeline that asks for the new one is refused as a change.
 """
 
 from __future__ import annotations
@@ -44,6 +54,13 @@ from gfcr.rollout import col
 
 MAY_CHANGE = ("steps", "checkpoint")
 """Top-level spec fields a resumed run may change."""
+
+ABSENT_MEANT: dict[tuple[str, str], Any] = {
+    ("tiny_llama", "tokenizer"): "char",
+}
+"""(component or stage type, field) -> the value a stored spec that lacks the field was run
+with, for each field whose default changed after it was added. Add an entry whenever a
+field's default changes."""
 
 
 class ResumeError(RuntimeError):
@@ -69,7 +86,35 @@ def stored_pipeline(store: Any, run_id: str) -> Pipeline:
     if row is None:
         raise ResumeError(f"no run {run_id!r} in store {store.uri!r} to resume "
                           "(`gfcr runs` lists the runs)")
-    return Pipeline.from_yaml(row["spec_yaml"], where=f"the stored spec of run {run_id!r}")
+    where = f"the stored spec of run {run_id!r}"
+    data = yaml.safe_load(row["spec_yaml"])
+    if not isinstance(data, dict):
+        return Pipeline.from_yaml(row["spec_yaml"], where=where)  # refused, naming it
+    return Pipeline(**as_stored(data))
+
+
+def as_stored(spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec with each field it lacks that :data:`ABSENT_MEANT` lists filled in
+    with the value it was run with (a new dict; the module docstring says why)."""
+    def fill(value: Any) -> Any:
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+            return value
+        meant = {field: v for (kind, field), v in ABSENT_MEANT.items() if kind == value["type"]}
+        return {**meant, **value}
+
+    out = {key: fill(value) for key, value in spec.items()}
+    if isinstance(out.get("stages"), list):
+        out["stages"] = [fill(stage) for stage in out["stages"]]
+    return out
+
+
+def _filled(spec: dict[str, Any]) -> dict[str, Any]:
+    """The stored spec as the code of its day ran it, every field filled in; as stored
+    when it no longer builds (the comparison then names what differs)."""
+    try:
+        return Pipeline(**as_stored(spec)).to_dict()
+    except Exception:  # noqa: BLE001 - e.g. a stage type since removed: compare it raw
+        return spec
 
 
 def check(store: Any, run_id: str, pipeline: Pipeline) -> bool:
@@ -79,7 +124,7 @@ def check(store: Any, run_id: str, pipeline: Pipeline) -> bool:
     row = stored_run(store, run_id)
     if row is None:
         return False
-    stored = yaml.safe_load(row["spec_yaml"])
+    stored = _filled(yaml.safe_load(row["spec_yaml"]))
     current = pipeline.to_dict()
     if identity(stored) != identity(current):
         changes = "; ".join(_differences(stored, current)) or "(no field named)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from gfcr import checkpoint, names, resume, storage
+from gfcr import checkpoint, names, prefect_crash, resume, storage
 from gfcr.cancel import RunCancelled, Stop, cancelled
 from gfcr.commits import BackgroundCommits, LazyHistory, Start
 from gfcr.executors import Call, Executor, PrefectExecutor, named
@@ -150,7 +150,8 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     own_store = store is None
     store = store or lake.open(root / "store")
     try:
-        with lake.hold(store, run_id):  # one owner per run id, before anything is written
+        with lake.hold(store, run_id) as lease:  # one owner per run id, before any write
+            prefect_crash.after_takeover(run_id, lease)
             stash = SpillStash(root / "staging" / run_id)
             try:
                 resumed = resume.check(store, run_id, pipeline)

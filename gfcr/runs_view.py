@@ -5,10 +5,15 @@ that of the newest flow run of the ``gfcr`` flow with its name (a resumed run ha
 several). Flow runs the store does not hold yet (scheduled, pending, or crashed before
 the run started) are listed too, with the store's columns empty. Prefect is asked only
 when ``PREFECT_API_URL`` is set: the temporary local server would have to be started
-for the question.
+for the question. A run the store shows crashed (its process died) whose flow run Prefect
+still shows unfinished has that flow run set to Crashed here (:mod:`gfcr.prefect_crash`),
+so the dead run stops looking alive in Prefect's UI too.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -16,13 +21,16 @@ PREFECT_LIMIT = 200
 """How many of the newest gfcr flow runs are read."""
 
 
-def with_prefect(table: pa.Table) -> tuple[pa.Table, str | None]:
-    """The store's runs ``table`` with a ``prefect`` state column after ``status``, plus
-    the gfcr flow runs the store lacks; and a note when Prefect could not be asked."""
+def with_prefect(table: pa.Table, where: str | Path | None = None) -> tuple[pa.Table, str | None]:
+    """The store's runs ``table`` (of the store at ``where``) with a ``prefect`` state column
+    after ``status``, plus the gfcr flow runs the store lacks; and a note when Prefect could
+    not be asked. Crashed runs whose flow run is unfinished are set Crashed in Prefect."""
     states, note = prefect_states()
     rows = table.to_pylist()
     for row in rows:
         row["prefect"] = states.pop(row["run_id"], "-")
+        if row["status"] == "crashed" and _unfinished(row["prefect"]):
+            row["prefect"], note = _crash(row, where, note)
     rows += [{**{name: None for name in table.column_names}, "run_id": name, "prefect": state}
              for name, state in states.items()]
     at = table.schema.get_field_index("status") + 1
@@ -55,3 +63,33 @@ def prefect_states() -> tuple[dict[str, str], str | None]:
         if run.name not in states and run.state is not None and run.state.name is not None:
             states[run.name] = run.state.name
     return states, None
+
+
+def _unfinished(state: str) -> bool:
+    from gfcr.prefect_crash import UNFINISHED
+
+    return state.upper() in UNFINISHED
+
+
+def _crash(row: dict[str, Any], where: str | Path | None, note: str | None) -> tuple[str, str | None]:
+    """Set the crashed run's unfinished flow runs to Crashed; (its state now, the note)."""
+    from gfcr.prefect_crash import crash_flow_runs
+
+    reason = row.get("error") or "the process running it died"
+    crashed, failed = crash_flow_runs(row["run_id"], reason, before=_lease_taken(where, row["run_id"]))
+    return ("Crashed" if crashed else row["prefect"]), (failed or note)
+
+
+def _lease_taken(where: str | Path | None, run_id: str) -> float | None:
+    """When the dead process took the run's lease (None: no lease, or no store named)."""
+    if where is None:
+        return None
+    from store._location import StoreError, resolve
+    from store.lease import leases
+
+    try:
+        catalog, _ = resolve(where, data_path=None, read_only=True, create=False)
+    except (StoreError, OSError):
+        return None
+    row = leases(catalog).get(run_id)
+    return None if row is None else row.taken_at

@@ -60,9 +60,7 @@ class RunData:
 
 def check_schema(store: Any) -> None:
     """Raise ReportError naming what an older store lacks."""
-    have = {r["column_name"] for r in store.sql(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'rollouts' "
-        "AND database_name = current_database()").to_pylist()}
+    have = set(store.sql("SELECT * FROM rollouts LIMIT 0").column_names)
     missing = [c for c in NEEDED_COLUMNS if c not in have]
     if missing:
         raise ReportError(

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import gfcr
 import stages
 from gfcr.cli import app
-from gfcr.cli_stages import KIND_ORDER, type_name
+from gfcr.cli_stages import kind_order, type_name
 from gfcr.stage import REGISTRY, Spec, load_plugins
 
 runner = CliRunner()
@@ -31,7 +31,7 @@ def _configs() -> dict[str, type[Spec]]:
             for t in (info.annotation, *typing.get_args(info.annotation)):
                 if isinstance(t, type) and issubclass(t, Spec):
                     walk(t)
-    for kind in KIND_ORDER:
+    for kind in kind_order():
         for cls in REGISTRY[kind].values():
             if _shipped(cls):
                 walk(cls)
@@ -57,7 +57,7 @@ def test_stages_lists_every_type_with_kind_and_module():
     result = runner.invoke(app, ["stages"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    for kind in KIND_ORDER:
+    for kind in kind_order():
         for name, cls in REGISTRY[kind].items():
             row = next(line for line in lines if line.split()[:2] == [name, kind])
             assert cls.__module__ in row

@@ -189,3 +189,29 @@ def test_prefect_executor_resumes_like_the_local_one(tmp_path, uninterrupted, pr
     summary = execute(_pipeline(5), root=tmp_path, executor="prefect", run_id="b")
     assert summary.resumed_from == 2
     _assert_same_run(root_a, tmp_path)
+
+
+def test_a_run_stored_before_a_field_existed_resumes_as_it_ran(tmp_path):
+    """A spec stored before the tiny policy had a ``tokenizer`` field (the character
+    tokenizer then, the byte one by default now) resumes with the character tokenizer
+    (the checkpoint's vocabulary); asking for the byte one is refused as a change."""
+    import yaml
+
+    from gfcr.resume import as_stored
+
+    execute(_pipeline(1), root=tmp_path, executor="local", run_id="old")
+    old = _pipeline(1).to_dict()
+    assert old["policy"].pop("tokenizer") == "char"
+    with RolloutStore.open(tmp_path / "store") as s:  # as the code of that day stored it
+        s._transaction(lambda con: con.execute("UPDATE lake.runs SET spec_yaml = ? WHERE "
+                                               "run_id = 'old'", [yaml.safe_dump(old)]))
+    assert as_stored(old)["policy"]["tokenizer"] == "char"
+    assert as_stored(_pipeline(1).with_overrides(["policy.tokenizer=byte"]).to_dict())[
+        "policy"]["tokenizer"] == "byte"  # a value that is there stays
+    byte = _pipeline(2).with_overrides(["policy.tokenizer=byte"])
+    with pytest.raises(ResumeError, match="policy.tokenizer: char -> byte"):
+        execute(byte, root=tmp_path, executor="local", run_id="old")
+    done = CliRunner().invoke(app, ["run", "--resume", "old", "--steps", "2", "--root",
+                                    str(tmp_path), "--executor", "local", "--no-track", "--json"])
+    assert done.exit_code == 0, done.output
+    assert '"resumed_from": 0' in done.stdout and _steps(tmp_path, "old") == [0, 1]

@@ -1,4 +1,4 @@
-"""The store in users' own tools: `gfcr duckdb`'s statements open it in a DuckDB client that
+"""The store in users' own tools: `gfcr sql --duckdb`'s statements open it in a DuckDB client that
 knows nothing of gfcr; polars, pandas and Hugging Face datasets read it and its exports in
 a process that never imports gfcr (README 'The store in your own tools')."""
 
@@ -51,7 +51,7 @@ def store(tmp_path: Path) -> Path:
 
 def test_statements_and_exports_read_without_gfcr(store: Path, tmp_path: Path) -> None:
     cli = CliRunner()
-    printed = cli.invoke(app, ["duckdb", "--store", str(store)])
+    printed = cli.invoke(app, ["sql", "--duckdb", "--store", str(store)])
     assert printed.exit_code == 0, printed.output
     assert "sqlite_scanner.duckdb_extension" in printed.output and "(READ_ONLY" in printed.output
     (tmp_path / "store.sql").write_text(printed.output)
@@ -73,13 +73,13 @@ def test_statements_and_exports_read_without_gfcr(store: Path, tmp_path: Path) -
 
 
 def test_duckdb_ui_serves_the_store(store: Path) -> None:
-    """`gfcr duckdb --ui` starts DuckDB's UI server on the store (its page's assets come
+    """`gfcr sql --ui` starts DuckDB's UI server on the store (its page's assets come
     from ui.duckdb.org, which this machine cannot reach; the server itself answers)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    gfcr = Path(sys.executable).with_name("gfcr")
-    proc = subprocess.Popen([str(gfcr), "duckdb", "--ui", "--port", str(port), "--store", str(store)],
+    proc = subprocess.Popen([sys.executable, "-m", "gfcr.cli", "sql", "--ui", "--port", str(port),
+                             "--store", str(store)], cwd=Path(__file__).resolve().parents[2],
                             stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline() if proc.stderr else ""
@@ -97,5 +97,13 @@ def test_duckdb_ui_serves_the_store(store: Path) -> None:
 
 
 def test_a_missing_store_is_named(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["duckdb", "--store", str(tmp_path / "none")])
+    result = CliRunner().invoke(app, ["sql", "--duckdb", "--store", str(tmp_path / "none")])
     assert result.exit_code == 2 and "no store at" in result.output
+
+
+def test_sql_wants_a_query_or_a_session(store: Path) -> None:
+    cli = CliRunner()
+    neither = cli.invoke(app, ["sql", "--store", str(store)])
+    assert neither.exit_code == 2 and "--duckdb or --ui" in neither.output
+    both = cli.invoke(app, ["sql", "SELECT 1", "--duckdb", "--store", str(store)])
+    assert both.exit_code == 2 and "not both" in both.output
