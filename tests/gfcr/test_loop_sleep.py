@@ -70,6 +70,12 @@ class LearnerRecorder:
             raise RuntimeError("learner failed (test)")
         return self.inner.update(ctx, table)
 
+    def state_dict(self) -> Any:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.inner.load_state_dict(state)
+
 
 def _runtime(tmp_path: Any, log: list[str], *, sleep_mode: bool, fail: bool = False
              ) -> tuple[Any, SleepRecorder, RolloutStore]:
