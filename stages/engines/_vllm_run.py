@@ -34,7 +34,7 @@ class VLLMEngine:
 
     @property
     def policy(self) -> Policy:
-        """The trainer's policy; teacher-forced passes (TreeRollout, Hints) run on it."""
+        """The trainer's policy; teacher-forced passes (Hints' forced tokens) run on it."""
         return self._policy
 
     @property

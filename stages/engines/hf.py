@@ -18,8 +18,11 @@ Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
 truncation. That is exactly what a teacher-forced forward pass at the same temperature
 computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass
-(:mod:`stages.logprobs`, which the trainer and the tree's branch points use too). It equals vLLM's ``processed_logprobs`` at
-``top_p=1``; with ``top_p<1`` vLLM renormalises over the nucleus and this engine does not.
+(:mod:`stages.logprobs`, which the trainer and Hints use too). It equals vLLM's
+``processed_logprobs`` at ``top_p=1``; with ``top_p<1`` vLLM renormalises over the
+nucleus and this engine does not.
+With ``SamplingParams.top_logprobs=k`` (the ``top_k`` capability) each step also reports
+the k largest entries of the same log-softmax row (TreeRollout's branch points).
 
 Sampling is seeded with a ``torch.Generator`` (``SamplingParams.seed``, else one seeded
 from the engine's build seed and advanced by every call), so the same seed and requests
