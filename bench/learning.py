@@ -21,10 +21,14 @@ steps and at the end:
 
 Seeds change prompt draws and sampling, not the warm start. ``grpo_heldout_gain`` is the
 grpo configuration's held-out accuracy after its last step minus after the warm start, in
-points, mean over seeds; every configuration has the same figure and its curve.
+points, mean over seeds; every configuration has the same figure and its curve. When both
+``grpo`` (the HF engine) and ``vllm`` ran, ``vllm_vs_hf`` compares their gains: the
+difference of the means with its standard error (from the seeds' spreads), the per-seed
+differences, and whether the difference is within two standard errors.
 
-    .venv/bin/python bench/learning.py            # table
-    .venv/bin/python bench/learning.py --json     # one JSON object
+    .venv/bin/python bench/learning.py                               # table
+    .venv/bin/python bench/learning.py --json                        # one JSON object
+    .venv/bin/python bench/learning.py --configs grpo,vllm --json    # HF vs vLLM engine
 """
 
 from __future__ import annotations
@@ -100,6 +104,34 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def engine_comparison(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The vLLM engine's gain against the HF engine's (``vllm`` minus ``grpo``), in points:
+    difference of the means, its standard error sqrt(sd_v^2/n_v + sd_h^2/n_h), the
+    differences seed by seed (same seed: same prompt draws and warm start, sampling from
+    each engine's own generator), and ``within_noise`` (|difference| <= 2 standard
+    errors). None unless both configurations ran."""
+    hf, vl = summary.get("grpo"), summary.get("vllm")
+    if hf is None or vl is None:
+        return None
+    diff = vl["gain_points_mean"] - hf["gain_points_mean"]
+    se = (vl["gain_points_sd"] ** 2 / vl["seeds"] + hf["gain_points_sd"] ** 2 / hf["seeds"]) ** 0.5
+    per_seed = [v["gain_points"] - h["gain_points"] for v, h in zip(vl["runs"], hf["runs"])]
+    return {"hf_gain_points": hf["gain_points_mean"], "hf_gain_sd": hf["gain_points_sd"],
+            "vllm_gain_points": vl["gain_points_mean"], "vllm_gain_sd": vl["gain_points_sd"],
+            "difference_points": diff, "difference_se": se, "per_seed_difference": per_seed,
+            "within_noise": abs(diff) <= 2 * se if se > 0 else diff == 0}
+
+
+def _comparison_line(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return ""
+    return (f"\nvllm_vs_hf: gain {c['vllm_gain_points']:+.1f} +- {c['vllm_gain_sd']:.1f} (vLLM) vs "
+            f"{c['hf_gain_points']:+.1f} +- {c['hf_gain_sd']:.1f} (HF) points; difference "
+            f"{c['difference_points']:+.1f} +- {c['difference_se']:.1f} (per seed "
+            f"{' '.join(f'{d:+.1f}' for d in c['per_seed_difference'])}); "
+            f"within noise: {c['within_noise']}")
+
+
 def table(summary: dict[str, Any]) -> str:
     """The comparison as a plain-text table; curves as accuracy at each evaluated step."""
     head = (f"{'configuration':<14}{'start':>7}{'final':>7}{'gain (pts)':>12}{'sd':>6}"
@@ -122,12 +154,14 @@ def main() -> None:
     runs = _runs.all_runs(names, args.seeds, lambda n, seed, root: one_run(n, seed, args, root),
                           prefix="gfcr-learning-")
     summary = summarise(runs)
+    comparison = engine_comparison(summary)
     result = {"grpo_heldout_gain": summary.get("grpo", {}).get("gain_points_mean"),
-              "settings": _runs.settings(args), "seconds": time.perf_counter() - started,
+              "vllm_vs_hf": comparison, "settings": _runs.settings(args), "seconds": time.perf_counter() - started,
               **summary}
     _runs.emit(result, args, lambda: (
         f"{table(summary)}\ngrpo_heldout_gain: {result['grpo_heldout_gain'] or 0:+.1f} points "
-        f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all"))
+        f"(mean over {args.seeds} seeds); {result['seconds']:.0f}s in all"
+        f"{_comparison_line(comparison)}"))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ the capability, before anything runs.
 
 - ``segments``: generation in segments with an in-flight hook (stop, prune, waves);
 - ``continuation``: a request's ``prefix_ids`` continued (partial rollouts, branches);
+- ``top_k``: ``SamplingParams.top_logprobs=k`` honoured, the k most likely tokens and
+  their logprobs at every generated position (TreeRollout's branch points, from the
+  engine's own distributions: no second pass);
 - ``teacher_forcing``: ``engine.policy.model`` in this process, for teacher-forced
-  passes (TreeRollout's branch points, Hints' forced-token logprobs).
+  passes (Hints' forced-token logprobs: the logprobs, at the sampling temperature, of
+  tokens the policy did not sample; top-k cannot give them, and vLLM's prompt logprobs
+  are taken before temperature, so only a pass over the policy can).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import pyarrow as pa
 
 from gfcr.stage import OnSegment, StageSpec
 
-CAPABILITIES = frozenset({"segments", "continuation", "teacher_forcing"})
+CAPABILITIES = frozenset({"segments", "continuation", "top_k", "teacher_forcing"})
 
 
 @runtime_checkable
@@ -99,6 +104,22 @@ class EngineRng(Protocol):
     def get_rng_state(self) -> object: ...
 
     def set_rng_state(self, state: object) -> None: ...
+
+
+@runtime_checkable
+class EngineSleep(Protocol):
+    """Optional on an engine: frees its accelerator memory while the learner updates, so
+    engine and learner can share one GPU (vLLM's sleep mode, ``VLLM(sleep_mode=True)``).
+    When ``sleep_mode`` is True the loop calls ``sleep()`` before the train stage's
+    update and ``wake_up()`` after it (also when the update fails), before the weight
+    sync (gfcr.loop)."""
+
+    @property
+    def sleep_mode(self) -> bool: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
 
 
 @runtime_checkable

@@ -38,6 +38,10 @@ class SamplingParams(BaseModel):
     segment_tokens: int = Field(16, ge=1)
     """Tokens generated between two calls of the in-flight hook."""
     seed: int | None = None
+    top_logprobs: int = Field(0, ge=0, le=20)
+    """The k most likely tokens to report at every generated position
+    (``GenOutput.top_logprobs``), under the logprob convention; 0: none. Only engines
+    whose spec declares the ``top_k`` capability honour it (gfcr.capabilities)."""
 
     @field_validator("stop")
     @classmethod
@@ -73,6 +77,10 @@ class GenOutput:
     version_end: int
     seconds: float
     """Wall time from the start of the generate call to this sequence's end."""
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """With ``SamplingParams.top_logprobs=k``: one entry per ``completion_ids`` token,
+    the k most likely (token, logprob) pairs at that position, most likely first, under
+    the logprob convention; empty for the prefix tokens the request came with."""
 
 
 @dataclass(frozen=True)

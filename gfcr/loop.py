@@ -9,6 +9,7 @@
     (repeat the four lines above for more prompts while a filter reports a shortfall)
     batch    = Replay.augment(kept)          # mix in reused rollouts
     result   = Train.update(batch)           # advantages, loss, optimizer step; weights out
+                                             # (an engine with sleep mode sleeps meanwhile)
     commit(run, step, everything)            # one transaction, exactly once
 
 The loop does no I/O of its own: every stage call goes through ``call(name, fn, *refs)``
@@ -21,15 +22,16 @@ committed with the reason they were not kept. Allocate stages get the plan with 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.capabilities import PlanDefaults
+from gfcr.capabilities import EngineSleep, PlanDefaults
 from gfcr.engine import Decision, Engine, Flight, Inflight
 from gfcr.evaluation import evaluate  # noqa: F401 (gfcr.run imports it from here)
 from gfcr.filters import applied, drop, merge_back, set_column
@@ -320,7 +322,8 @@ def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
         kept = np.flatnonzero(table.column(col.KEPT).to_numpy(zero_copy_only=False))
         if len(kept) == 0:
             return ref, {"train/skipped": 1.0}
-        result = rt.learner.update(ctx, table.take(kept))  # type: ignore[union-attr]
+        with _asleep(rt.engine):
+            result = rt.learner.update(ctx, table.take(kept))  # type: ignore[union-attr]
         advantage = np.full(table.num_rows, np.nan)
         advantage[kept] = result.advantages
         consumed = np.full(table.num_rows, -1)
@@ -332,6 +335,20 @@ def _train_fn(rt: Runtime, ctx: StepContext) -> Callable:
         metrics = {f"train/{k}": float(v) for k, v in result.metrics.items()}
         return rt.stash.put(_key(ctx, "train"), table), metrics
     return fn
+
+
+@contextlib.contextmanager
+def _asleep(engine: Any) -> Iterator[None]:
+    """The engine asleep while the learner updates, if it sleeps (EngineSleep); awake
+    again before the weight sync that follows."""
+    sleeps = isinstance(engine, EngineSleep) and engine.sleep_mode
+    if sleeps:
+        engine.sleep()
+    try:
+        yield
+    finally:
+        if sleeps:
+            engine.wake_up()
 
 
 def _commit_fn(rt: Runtime, run_id: str, step: int, metrics: dict[str, float],

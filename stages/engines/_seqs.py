@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gfcr.engine import Decision, GenRequest, Inflight, SamplingParams, SegmentHook
+from gfcr.engine import Decision, GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
 
 DECISION_REASON: dict[str, str] = {"stop": "aborted", "prune": "pruned"}
 
@@ -20,6 +20,8 @@ class Seq:
     """New tokens this call may still add (cap minus prefix)."""
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    """With ``SamplingParams.top_logprobs``: the top (token, logprob) pairs per new token."""
     reason: str | None = None
     seconds: float = 0.0
     scan_from: int = 0
@@ -29,6 +31,18 @@ class Seq:
         return Inflight(key=self.req.key, completion_ids=self.req.prefix_ids + self.ids,
                         logprobs=self.req.prefix_logprobs + self.logprobs,
                         new_tokens=len(self.ids))
+
+
+def output(s: Seq, version: int, params: SamplingParams) -> GenOutput:
+    """The finished sequence as the engine returns it (prefix included; with
+    ``top_logprobs``, an empty top-k list for each prefix token)."""
+    none: list[list[tuple[int, float]]] = [[] for _ in s.req.prefix_ids]
+    tops = none + s.tops if params.top_logprobs else []
+    return GenOutput(key=s.req.key, completion_ids=s.req.prefix_ids + s.ids,
+                     logprobs=s.req.prefix_logprobs + s.logprobs,
+                     finish_reason=s.reason,  # type: ignore[arg-type]
+                     version_start=version, version_end=version, seconds=s.seconds,
+                     top_logprobs=tops)
 
 
 def new_seq(req: GenRequest, params: SamplingParams) -> Seq:

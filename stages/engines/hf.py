@@ -18,8 +18,11 @@ Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
 truncation. That is exactly what a teacher-forced forward pass at the same temperature
 computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass
-(:mod:`stages.logprobs`, which the trainer and the tree's branch points use too). It equals vLLM's ``processed_logprobs`` at
-``top_p=1``; with ``top_p<1`` vLLM renormalises over the nucleus and this engine does not.
+(:mod:`stages.logprobs`, which the trainer and Hints use too). It equals vLLM's
+``processed_logprobs`` at ``top_p=1``; with ``top_p<1`` vLLM renormalises over the
+nucleus and this engine does not.
+With ``SamplingParams.top_logprobs=k`` (the ``top_k`` capability) each step also reports
+the k largest entries of the same log-softmax row (TreeRollout's branch points).
 
 Sampling is seeded with a ``torch.Generator`` (``SamplingParams.seed``, else one seeded
 from the engine's build seed and advanced by every call), so the same seed and requests
@@ -41,7 +44,7 @@ from transformers import DynamicCache
 
 from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
 from gfcr.stage import Spec, register
-from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq
+from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 from stages.logprobs import completion_logprobs, log_probs
 
 
@@ -55,7 +58,7 @@ class HF(Spec):
 
     type: Literal["hf"] = "hf"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"segments", "continuation", "teacher_forcing"})
+        {"segments", "continuation", "top_k", "teacher_forcing"})
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; ``auto`` picks CUDA when torch sees it."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -125,10 +128,10 @@ def _right_pad(rows: list[list[int]], pad_id: int, width: int | None = None
     return ids, mask
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+def _sample(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its logprob (convention above, before top-p)."""
-    logp = _log_probs(logits, params.temperature)
+    """Next token per row and its logprob, from the rows' logprobs (convention above,
+    before top-p)."""
     if params.temperature == 0:
         tok = logp.argmax(dim=-1)
     else:
@@ -137,6 +140,15 @@ def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
             probs = _nucleus(probs, params.top_p)
         tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+
+def _top(logp: torch.Tensor, k: int) -> list[list[tuple[int, float]]] | None:
+    """Each row's ``k`` most likely (token, logprob) pairs; None when ``k`` is 0."""
+    if k == 0:
+        return None
+    values, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return [list(zip(map(int, i), map(float, v)))
+            for i, v in zip(ids.tolist(), values.double().tolist())]
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -219,12 +231,7 @@ class HFEngine:
                     _Wave(self, wave, params, gen, on_segment, t0).run()
         finally:
             model.train(was_training)
-        version = self.version
-        return [GenOutput(key=s.req.key, completion_ids=s.req.prefix_ids + s.ids,
-                          logprobs=s.req.prefix_logprobs + s.logprobs,
-                          finish_reason=s.reason,  # type: ignore[arg-type]
-                          version_start=version, version_end=version, seconds=s.seconds)
-                for s in seqs]
+        return [output(s, self.version, params) for s in seqs]
 
     def _autocast_ctx(self) -> contextlib.AbstractContextManager:
         if self._autocast is None:
@@ -252,10 +259,11 @@ class _Wave:
         logits = self._prefill()
         step = 0
         while True:
-            tok, lp = _sample(logits, self.params, self.gen)
+            logp = _log_probs(logits, self.params.temperature)
+            tok, lp = _sample(logp, self.params, self.gen)
             step += 1
             toks, lps = torch.stack((tok.double(), lp.double())).tolist()  # one sync
-            self._record([int(t) for t in toks], lps)
+            self._record([int(t) for t in toks], lps, _top(logp, self.params.top_logprobs))
             if self.hook is not None and step % self.params.segment_tokens == 0:
                 self._ask_hook()
             keep = [i for i, s in enumerate(self.live) if s.reason is None]
@@ -320,14 +328,18 @@ class _Wave:
         if self.padded and bool(self.mask[:, :self.length].all()):
             self.padded = False
 
-    def _record(self, toks: list[int], lps: list[float]) -> None:
-        """Append the step's tokens; finish on EOS, stop string or budget."""
+    def _record(self, toks: list[int], lps: list[float],
+                tops: list[list[tuple[int, float]]] | None) -> None:
+        """Append the step's tokens (and top-k pairs); finish on EOS, stop string or
+        budget."""
         now = time.perf_counter() - self.t0
-        for s, t, lp in zip(self.live, toks, lps):
+        for i, (s, t, lp) in enumerate(zip(self.live, toks, lps)):
             if s.reason is not None:  # finished, still in the batch until a shrink
                 continue
             s.ids.append(t)
             s.logprobs.append(lp)
+            if tops is not None:
+                s.tops.append(tops[i])
             if t == self.eos or (self.stops and self._hit_stop(s)):
                 s.reason = "stop"
             elif len(s.ids) >= s.budget:

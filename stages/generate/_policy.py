@@ -1,14 +1,16 @@
-"""Teacher-forced passes over the engine's policy, for the generators that need more than
-the engine protocol returns (the sampled tokens' logprobs).
+"""What the generators need from the policy beyond the sampled tokens' logprobs.
 
-- :func:`branch_points` (tree rollouts): the policy's next-token distributions along a
-  finished path, to find where it was uncertain. vLLM's ``logprobs=k`` top-k output would
-  serve the same purpose.
+- :func:`branch_points` (tree rollouts): where a finished path was uncertain, from the
+  engine's own top-2 logprobs at each generated position (``SamplingParams.top_logprobs``,
+  the ``top_k`` engine capability: HF, vLLM's ``logprobs=k``). These are the distributions
+  the path was sampled from, so no second pass over the policy is needed, and a branch
+  token's behaviour logprob is the engine's, like every other sampled logprob.
 - :func:`forced_logprobs` (hints): the behaviour logprobs of tokens the policy did not
-  sample but is made to continue from.
-
-Both run the one teacher-forced pass (:mod:`stages.logprobs`) on ``engine.policy.model``
-(the HF engine exposes it) under the engine's convention, ``log_softmax(logits / T)``.
+  sample but is made to continue from. No top-k list holds them (a hint token need not be
+  among the most likely), and vLLM's prompt logprobs are taken before temperature, so
+  they come from the one teacher-forced pass (:mod:`stages.logprobs`) on
+  ``engine.policy.model`` (the ``teacher_forcing`` capability) under the engine's
+  convention, ``log_softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from gfcr.engine import GenOutput
 
 
 @dataclass(frozen=True)
@@ -30,36 +34,26 @@ class BranchPoint:
     prob: float
 
 
-def branch_points(engine: Any, prompts: list[list[int]], completions: list[list[int]],
-                  starts: list[int], *, temperature: float, min_prob: float
+def branch_points(outputs: list[GenOutput], starts: list[int], *, min_prob: float
                   ) -> list[list[BranchPoint]]:
     """For each path, the positions ``>= start`` where the most likely token other than
     the one taken has probability ``>= min_prob`` (LATR's branching condition), with
-    that token. Probabilities are at ``temperature`` (1 when sampling greedily)."""
-    import torch
-
-    from stages.logprobs import completion_logits
-
-    model = _model(engine)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            logits, _, _ = completion_logits(model, prompts, completions, temperature,
-                                             _pad_id(engine))
-    finally:
-        model.train(was_training)
-    logp = torch.log_softmax(logits, -1)  # completion_logits divided by T already
-    top_lp, top_ids = logp.topk(2, dim=-1)
+    that token, from the path's ``top_logprobs`` (generated with ``top_logprobs >= 2``;
+    probabilities at the sampling temperature, 1 when greedy)."""
     out: list[list[BranchPoint]] = []
-    for i, c in enumerate(completions):
-        lp, tk = top_lp[i, :len(c)].tolist(), top_ids[i, :len(c)].tolist()
+    for o, start in zip(outputs, starts):
+        ids, tops = o.completion_ids, o.top_logprobs
+        if len(tops) != len(ids) or not all(tops[j] for j in range(start, len(ids))):
+            raise TypeError("tree rollouts need the top-2 logprobs at every generated "
+                            "position (SamplingParams.top_logprobs, the engine capability "
+                            "top_k); the engine returned fewer")
         points = []
-        for j in range(starts[i], len(c)):
-            alt = 1 if tk[j][0] == c[j] else 0  # the best candidate other than the taken one
-            prob = math.exp(lp[j][alt])
-            if prob >= min_prob and tk[j][alt] != c[j]:
-                points.append(BranchPoint(j, int(tk[j][alt]), float(lp[j][alt]), prob))
+        for j in range(start, len(ids)):
+            # the best candidate other than the taken one (none: a one-token distribution)
+            token, logprob = next(((t, lp) for t, lp in tops[j] if t != ids[j]), (-1, -math.inf))
+            prob = math.exp(logprob)
+            if token >= 0 and prob >= min_prob:
+                points.append(BranchPoint(j, int(token), float(logprob), prob))
         out.append(points)
     return out
 
@@ -70,13 +64,13 @@ def _pad_id(engine: Any) -> int:
 
 
 def _model(engine: Any) -> Any:
-    # getattr: teacher-forced passes need the in-process policy; a declared engine
-    # capability for it belongs to the engine protocol (issue 14)
+    # getattr: teacher-forced passes need the in-process policy (the engine capability
+    # teacher_forcing, checked when the pipeline is built)
     policy = getattr(engine, "policy", None)
     # getattr: (same: the policy must hold a model)
     if policy is None or not hasattr(policy, "model"):
-        raise TypeError(f"tree rollouts need an engine that exposes its policy (the HF "
-                        f"engine does); {type(engine).__name__} does not")
+        raise TypeError(f"hints need an engine that exposes its policy (HF and vLLM "
+                        f"do); {type(engine).__name__} does not")
     return policy.model
 
 

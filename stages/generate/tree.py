@@ -30,8 +30,9 @@ stage (see ``continues_partials``), since a tree cannot be regrown around a path
 in an earlier step.
 
 Departures: LATR branches synchronously while decoding; here a path is decoded to its
-end first and its branch points are found afterwards by one teacher-forced pass (the
-same distributions, so the same tree shape; see ``_policy``), and one alternative
+end first and its branch points are found afterwards from the top-2 logprobs the engine
+reported at each position (the same distributions, so the same tree shape; see
+``_policy``; the engine capability ``top_k``), and one alternative
 token per position is used (LATR's ``max_n_branch_per_token=2``). On the HF engine a
 branch re-prefills its prompt and shared prefix (no KV cache is shared across calls); on
 an engine with prefix caching (vLLM) that prefill is nearly free.
@@ -86,8 +87,7 @@ class TreeRollout(StageSpec):
 
     writes: ClassVar[frozenset[str]] = GENERATED | {BRANCH_POS}
     continues_partials: ClassVar[bool] = False
-    engine_needs: ClassVar[frozenset[str]] = frozenset(
-        {"segments", "continuation", "teacher_forcing"})
+    engine_needs: ClassVar[frozenset[str]] = frozenset({"segments", "continuation", "top_k"})
     """A tree is grown, branched and pruned within one step, from paths decoded to their
     end; a stopped path cannot be brought back into its tree in a later step, so the
     pipeline refuses ``RecyclePartials`` (and so APRIL or a stopping token budget) with it."""
@@ -172,7 +172,8 @@ class _Forest:
         requests = [self._request(node) for node in todo]
         seed = int(self.ctx.rng(f"{self.spec.label}/{round_}").integers(2**31 - 1))
         params = SamplingParams(temperature=self.spec.temperature, max_tokens=self.spec.max_tokens,
-                                stop=self.spec.stop, segment_tokens=self.spec.lookahead, seed=seed)
+                                stop=self.spec.stop, segment_tokens=self.spec.lookahead,
+                                seed=seed, top_logprobs=2)  # top 2: branch points (_open)
         outputs = self.engine.generate(requests, params, self)  # self: the SegmentHook
         for node, out in zip(todo, outputs):
             node.out = out
@@ -244,10 +245,8 @@ class _Forest:
             return
         starts = [0 if n.point is None else n.point.pos + 1 for n in leaves]
         try:
-            points = branch_points(
-                self.engine, [self.ids[n.prompt] for n in leaves],
-                [n.out.completion_ids for n in leaves], starts,  # type: ignore[union-attr]
-                temperature=self.spec.temperature, min_prob=self.spec.branch_prob)
+            points = branch_points([n.out for n in leaves], starts,  # type: ignore[misc]
+                                   min_prob=self.spec.branch_prob)
         except TypeError as err:
             raise TypeError(f"stage {self.spec.label!r}: {err}") from None
         for node, found in zip(leaves, points):

@@ -1,19 +1,38 @@
 """Every ready pipeline runs a step on the vLLM engine (vLLM's CPU build here), unchanged
 but for the engine and a policy shape vLLM's CPU attention runs (head size 32).
 
-Each run starts its own ``vllm.LLM`` (in-process; the import is paid once per session)."""
+The tests share started ``vllm.LLM`` objects (tests.resources.vllm.LLMPool): every run
+here has the same engine configuration, so the module starts one LLM and each later run
+loads its own policy's weights into it in place; a test below checks that a reused LLM
+generates from the new weights."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
+import torch
 
 from gfcr import Pipeline
 from gfcr.loading import load
 from gfcr.run import execute
 from tests.pipelines.test_pipelines import HEADLINES, NEEDS_SOURCE, _shrunk
-from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
+from gfcr.engine import GenRequest, SamplingParams
+from stages.engines.hf import token_logprobs
+from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
+
+
+@pytest.fixture(scope="module")
+def llm_pool() -> Iterator[LLMPool]:
+    import stages.engines.vllm as module
+
+    yield from pooled_llms(LLMPool(module._start))
+
+
+@pytest.fixture(autouse=True)
+def _shared_llms(llm_pool: LLMPool) -> Iterator[None]:
+    yield
+    llm_pool.release()
 
 
 def _on_vllm(p: Pipeline) -> Pipeline:
@@ -45,3 +64,44 @@ def test_cross_run_pipeline_runs_a_step_on_vllm(tmp_path: Any) -> None:
 def test_engine_can_be_chosen_from_the_command_line_spelling() -> None:
     p = load("default").with_overrides(["engine=vllm"])
     assert p.engine.type == "vllm" and p.engine.model_dump()["dtype"] == "float32"
+
+
+def test_a_reused_llm_generates_from_the_new_policy(llm_pool: LLMPool) -> None:
+    spec = vllm_engine_spec()
+    first = spec.build(VLLM_POLICY.build(seed=0), seed=0)
+    prompt = first.encode("1+1=")
+    first.generate([GenRequest(key=0, prompt_ids=prompt)], SamplingParams(max_tokens=8))
+    started = llm_pool.started
+    llm_pool.release()
+    policy = VLLM_POLICY.build(seed=1)
+    with torch.no_grad():  # weights far from the first policy's, so a stale model shows
+        for p in policy.model.parameters():
+            p.mul_(3.0)
+    second = spec.build(policy, seed=1)
+    assert llm_pool.started == started and second.llm is first.llm
+    out = second.generate([GenRequest(key=0, prompt_ids=prompt)],
+                          SamplingParams(max_tokens=8, seed=3))[0]
+    want = token_logprobs(policy.model, prompt, out.completion_ids, 1.0)
+    stale = token_logprobs(first.policy.model, prompt, out.completion_ids, 1.0)
+    assert torch.allclose(torch.tensor(out.logprobs), want.float(), atol=1e-4)
+    assert not torch.allclose(torch.tensor(out.logprobs), stale.float(), atol=1e-2)
+
+
+def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> None:
+    """vLLM's CPU build has no sleep mode: the engine starts without it and the loop's
+    sleep and wake-up calls around each update do nothing, so the same pipeline runs."""
+    from gfcr.capabilities import EngineSleep
+
+    spec = vllm_engine_spec().model_copy(update={"sleep_mode": True})
+    engine = spec.build(VLLM_POLICY.build(seed=0), seed=0)
+    declares = isinstance(engine, EngineSleep)  # (not narrowing: generate is used below)
+    assert declares and engine.sleep_mode
+    engine.sleep()
+    engine.wake_up()
+    assert engine.generate([GenRequest(key=0, prompt_ids=engine.encode("1+1="))],
+                           SamplingParams(max_tokens=4))[0].completion_ids
+    llm_pool.release()  # the run below builds its own engine
+    data: dict[str, Any] = _on_vllm(load("default")).to_dict()
+    data["engine"] = spec.model_dump()
+    summary = execute(Pipeline(**data), root=tmp_path, executor="local")
+    assert summary.steps == 1 and summary.rollouts > 0

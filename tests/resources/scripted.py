@@ -54,7 +54,8 @@ def distribution(script: dict[str, dict[str, float]], ids: list[int]) -> dict[in
 
 
 class ScriptedEngine:
-    """Greedy decoding of a script; honours prefixes, caps, stop decisions and the hook."""
+    """Greedy decoding of a script; honours prefixes, caps, stop decisions, the hook and
+    ``top_logprobs`` (the script's most likely tokens; ties by token id)."""
 
     def __init__(self, script: dict[str, dict[str, float]]):
         self.policy = SimpleNamespace(model=_Model(script), tokenizer=_Tokenizer(), version=0)
@@ -85,6 +86,8 @@ class ScriptedEngine:
                  on_segment: SegmentHook | None = None) -> list[GenOutput]:
         self.calls.append(list(requests))
         live = {r.key: (r, list(r.prefix_ids), list(r.prefix_logprobs)) for r in requests}
+        tops: dict[int, list[list[tuple[int, float]]]] = {
+            r.key: [[] for _ in r.prefix_ids] if params.top_logprobs else [] for r in requests}
         done: dict[int, str] = {}
         eos = self.policy.tokenizer.eos_token_id
         if on_segment is not None:
@@ -103,6 +106,9 @@ class ScriptedEngine:
                 tok = max(dist, key=lambda t: (dist[t], -t))
                 ids.append(tok)
                 lps.append(math.log(dist[tok]))
+                if params.top_logprobs:
+                    ranked = sorted(dist, key=lambda t: (-dist[t], t))[:params.top_logprobs]
+                    tops[key].append([(t, math.log(dist[t])) for t in ranked])
                 text = self.decode(ids[len(req.prefix_ids) - 1:] if req.prefix_ids else ids)
                 if tok == eos or any(x in text for x in params.stop):
                     done[key] = "stop"
@@ -115,6 +121,6 @@ class ScriptedEngine:
                     if k in live and k not in done and d != "continue":
                         done[k] = {"stop": "aborted", "prune": "pruned"}[d]
         return [GenOutput(key=r.key, completion_ids=live[r.key][1], logprobs=live[r.key][2],
-                          finish_reason=done[r.key], version_start=self.version,
-                          version_end=self.version,  # type: ignore[arg-type]
-                          seconds=0.0) for r in requests]
+                          finish_reason=done[r.key],  # type: ignore[arg-type]
+                          version_start=self.version, version_end=self.version,
+                          seconds=0.0, top_logprobs=tops[r.key]) for r in requests]

@@ -106,6 +106,44 @@ def test_greedy_continuation_equals_uninterrupted_generation(case: Case) -> None
         assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(f.logprobs), atol=1e-4)
 
 
+def _forced_log_probs(model: Any, prompt: list[int], completion: list[int],
+                      temperature: float) -> torch.Tensor:
+    """Teacher-forced ``log_softmax(logits / T)`` over the vocabulary, one row per token."""
+    from stages.logprobs import completion_logits
+
+    with torch.inference_mode():
+        logits, _, _ = completion_logits(model, [prompt], [completion], temperature)
+    return torch.log_softmax(logits[0, :len(completion)].float(), -1)
+
+
+def test_top_k_logprobs_equal_a_teacher_forced_pass(case: Case) -> None:
+    engine, k = case.engine, 3
+    reqs = _requests(engine)
+    params = SamplingParams(temperature=case.temperature, max_tokens=8, seed=2,
+                            segment_tokens=3, top_logprobs=k)
+    outs = engine.generate(reqs, params, FnHook(lambda views: {}))
+    cont = engine.generate([GenRequest(key=9, prompt_ids=reqs[0].prompt_ids,
+                                       prefix_ids=outs[0].completion_ids[:2],
+                                       prefix_logprobs=outs[0].logprobs[:2])], params)[0]
+    assert cont.top_logprobs[:2] == [[], []]  # none for the prefix it came with
+    for r, o in [*zip(reqs, outs), (reqs[0], cont)]:
+        assert len(o.top_logprobs) == len(o.completion_ids)
+        start = len(o.completion_ids) - len([t for t in o.top_logprobs if t])
+        want = _forced_log_probs(engine.policy.model, r.prompt_ids, o.completion_ids,
+                                 case.temperature)
+        for j in range(start, len(o.completion_ids)):
+            got, best = o.top_logprobs[j], want[j].topk(k).values
+            assert 0 < len(got) <= k and (len(got) == k or best[len(got)] < -100)
+            assert [lp for _, lp in got] == sorted((lp for _, lp in got), reverse=True)
+            assert torch.allclose(torch.tensor([lp for _, lp in got]), best[:len(got)],
+                                  atol=1e-4), case.name
+            assert torch.allclose(torch.tensor([lp for _, lp in got]),
+                                  want[j, [t for t, _ in got]], atol=1e-4), case.name
+    plain = engine.generate(reqs, params.model_copy(update={"top_logprobs": 0}), FnHook(
+        lambda views: {}))
+    assert _ids(plain) == _ids(outs) and all(o.top_logprobs == [] for o in plain)
+
+
 class _Recorder:
     """A segment hook that stops key 0, prunes key 1 and records what it is told."""
 
@@ -228,5 +266,5 @@ def test_a_pipeline_needing_a_capability_its_engine_lacks_is_refused_naming_both
     assert "needs the engine capability segments" in text
     assert "'recycle_partials' needs the engine capability continuation" in text
     assert "'one_shot_test'" in text
-    with pytest.raises(PipelineError, match="continuation, segments, teacher_forcing"):
+    with pytest.raises(PipelineError, match="continuation, segments, top_k"):
         load("latr").with_overrides(["engine=one_shot_test"])
