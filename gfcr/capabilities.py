@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import pyarrow as pa
-
 from gfcr.stage import OnSegment, StageSpec
 
 CAPABILITIES = frozenset({"segments", "continuation", "teacher_forcing"})
@@ -99,10 +97,3 @@ class EngineRng(Protocol):
     def get_rng_state(self) -> object: ...
 
     def set_rng_state(self, state: object) -> None: ...
-
-
-@runtime_checkable
-class PromptStats(Protocol):
-    """What a history (store.History) offers stages that read per-prompt outcomes."""
-
-    def prompt_stats(self, prompt_ids: list[str] | None = None) -> pa.Table: ...

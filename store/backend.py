@@ -26,7 +26,7 @@ class LakeBackend:
              create: bool = True) -> RolloutStore:
         return RolloutStore.open(uri, read_only=read_only, create=create)
 
-    def history(self, store: RolloutStore, run_id: str, *, as_of_step: int | None = None,
+    def history(self, store: RolloutStore, run_id: str | None, *, as_of_step: int | None = None,
                 as_of_snapshot: int | None = None) -> History:
         if as_of_step is not None:
             return History(store, run_id, as_of_step=as_of_step)
