@@ -13,11 +13,12 @@ reads, with no SQL dialect or time-travel syntax of the backend in stage code.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import AbstractContextManager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 
@@ -114,6 +115,10 @@ class RunStore(Protocol):
 
     def step_snapshot(self, run_id: str, step: int) -> int | None: ...
 
+    def interrupt(self) -> None:
+        """Stop the statement ``sql`` is running (from another thread: Ctrl-C)."""
+        ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Any: ...
@@ -121,13 +126,22 @@ class RunStore(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+class Lease(Protocol):
+    """A run's lease as the store holds it (one owner per run id)."""
+
+    def stale(self) -> str | None:
+        """Why it no longer guards a live run (lapsed, its process gone), or None."""
+        ...
+
+
 class StoreBackend(Protocol):
     """Opens stores and reads their history; ``errors`` are what its calls raise for bad
-    input (a missing store, a read-only one written to), reported without a traceback."""
+    input (a missing store, a read-only one written to, a run another process holds),
+    reported without a traceback. Everything gfcr does with a store goes through it."""
 
     errors: tuple[type[Exception], ...]
 
-    def open(self, uri: str | Path, *, read_only: bool = False,
+    def open(self, uri: str | os.PathLike[str], *, read_only: bool = False,
              create: bool = True) -> RunStore: ...
 
     def history(self, store: Any, run_id: str | None, *, as_of_step: int | None = None,
@@ -140,6 +154,15 @@ class StoreBackend(Protocol):
 
     def hold(self, store: Any, run_id: str) -> AbstractContextManager[object]:
         """The run's lease, held while the block runs: one owner per run id."""
+        ...
+
+    def leases(self, store: Any) -> Mapping[str, Lease]:
+        """Every run lease the store holds, by run id."""
+        ...
+
+    def duckdb_script(self, uri: str | os.PathLike[str]) -> str:
+        """A DuckDB SQL script that opens the store at ``uri`` read-only, with the shipped
+        views (``gfcr sql --script``, DuckDB's UI)."""
         ...
 
 

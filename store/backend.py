@@ -4,6 +4,7 @@ stores without importing it."""
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -13,16 +14,17 @@ from ._guard import ReadOnlyError
 from ._location import StoreError
 from .history import History
 from .lake import RolloutStore
-from .lease import hold
+from .lease import LeaseHeld, LeaseRow, hold, leases
 from .maintenance import CompactResult, compact, export
+from .script import statements
 
 
 class LakeBackend:
     """Opens :class:`RolloutStore` s and builds their :class:`History` views."""
 
-    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError)
+    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError, LeaseHeld)
 
-    def open(self, uri: str | Path, *, read_only: bool = False,
+    def open(self, uri: str | os.PathLike[str], *, read_only: bool = False,
              create: bool = True) -> RolloutStore:
         return RolloutStore.open(uri, read_only=read_only, create=create)
 
@@ -42,6 +44,12 @@ class LakeBackend:
 
     def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[object]:
         return hold(store, run_id)
+
+    def leases(self, store: RolloutStore) -> dict[str, LeaseRow]:
+        return leases(store.catalog)
+
+    def duckdb_script(self, uri: str | os.PathLike[str]) -> str:
+        return statements(uri)
 
 
 BACKEND: StoreBackend = LakeBackend()
