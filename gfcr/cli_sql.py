@@ -124,7 +124,7 @@ def runs_table(where: str | Path) -> Any:
         with lake.open(where, read_only=True, create=False) as s:
             has_error = "error" in s.sql("SELECT * FROM runs LIMIT 0").column_names
             table = s.sql(sql.format(error="error" if has_error else "NULL::VARCHAR"))
-            held = lake.leases(s)
+            held = lake.leases(where)
             rows = table.to_pylist()
             for row in rows:
                 if row["status"] == "running":

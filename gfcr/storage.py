@@ -129,6 +129,11 @@ class RunStore(Protocol):
 class Lease(Protocol):
     """A run's lease as the store holds it (one owner per run id)."""
 
+    @property
+    def taken_at(self) -> float:
+        """When its holder took it (seconds since the epoch, the store's clock)."""
+        ...
+
     def stale(self) -> str | None:
         """Why it no longer guards a live run (lapsed, its process gone), or None."""
         ...
@@ -156,8 +161,9 @@ class StoreBackend(Protocol):
         """The run's lease, held while the block runs: one owner per run id."""
         ...
 
-    def leases(self, store: Any) -> Mapping[str, Lease]:
-        """Every run lease the store holds, by run id."""
+    def leases(self, uri: str | os.PathLike[str]) -> Mapping[str, Lease]:
+        """Every run lease the store at ``uri`` holds, by run id (none: no store there);
+        read without opening the store."""
         ...
 
     def duckdb_script(self, uri: str | os.PathLike[str]) -> str:

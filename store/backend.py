@@ -11,7 +11,7 @@ from pathlib import Path
 from gfcr.storage import StoreBackend
 
 from ._guard import ReadOnlyError
-from ._location import StoreError
+from ._location import StoreError, resolve
 from .history import History
 from .lake import RolloutStore
 from .lease import LeaseHeld, LeaseRow, hold, leases
@@ -45,8 +45,12 @@ class LakeBackend:
     def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[object]:
         return hold(store, run_id)
 
-    def leases(self, store: RolloutStore) -> dict[str, LeaseRow]:
-        return leases(store.catalog)
+    def leases(self, uri: str | os.PathLike[str]) -> dict[str, LeaseRow]:
+        try:
+            catalog, _ = resolve(uri, data_path=None, read_only=True, create=False)
+        except (StoreError, OSError):
+            return {}
+        return leases(catalog)
 
     def duckdb_script(self, uri: str | os.PathLike[str]) -> str:
         return statements(uri)
