@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import pyarrow as pa
-
 from gfcr.stage import OnSegment, StageSpec
 
 CAPABILITIES = frozenset({"segments", "continuation", "top_k", "teacher_forcing"})
@@ -120,10 +118,3 @@ class EngineSleep(Protocol):
     def sleep(self) -> None: ...
 
     def wake_up(self) -> None: ...
-
-
-@runtime_checkable
-class PromptStats(Protocol):
-    """What a history (store.History) offers stages that read per-prompt outcomes."""
-
-    def prompt_stats(self, prompt_ids: list[str] | None = None) -> pa.Table: ...

@@ -17,8 +17,10 @@ A checkpoint is written into a hidden ``.tmp-*`` folder, each file flushed to di
 ``COMPLETE`` marker last, and only then renamed to ``step-<k>``; a write killed midway
 leaves a folder that readers skip (and the next save removes). After each save the newest
 ``keep`` complete checkpoints stay and older ones are deleted, so a crash during a save
-always leaves the previous one. Loading reads safetensors and ``torch.load(weights_only=
-True)``: nothing in a checkpoint runs code.
+always leaves the previous one. The tensor files are written and read by the policy's
+framework (``Policy.io``, gfcr.engine.TensorIO; for torch: safetensors and
+``torch.load(weights_only=True)``, stages.engines.torch_io), so this module needs no
+tensor library, and nothing in a checkpoint runs code when loaded.
 
 The per-step randomness of stages does not depend on these RNG states (``StepContext.rng``
 is derived from the run seed, step, round and stage), and neither does the HF engine's
@@ -42,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gfcr.capabilities import EngineRng
+from gfcr.engine import TensorIO
 
 FORMAT = 1
 WEIGHTS, STATE, PROGRESS, MANIFEST, MARKER = (
@@ -94,9 +97,7 @@ def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, le
     """Write the state after ``step`` to ``where/step-<step>`` atomically, then keep the
     newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.engine.Policy`;
     ``learner`` (or None) has ``state_dict()``; ``engine`` may have ``get_rng_state()``."""
-    import torch
-    from safetensors.torch import save_model
-
+    io = _io(policy)
     where.mkdir(parents=True, exist_ok=True)
     tmp = where / f".tmp-step-{step}-{os.getpid()}-{secrets.token_hex(3)}"
     tmp.mkdir()
@@ -105,9 +106,9 @@ def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, le
                         saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         files=(WEIGHTS, STATE, PROGRESS, MANIFEST))
     try:
-        save_model(policy.model, str(tmp / WEIGHTS))
-        torch.save({"learner": _learner_state(learner, policy.model),
-                    "rng": _rng_state(engine)}, tmp / STATE)
+        io.save_weights(policy.model, tmp / WEIGHTS)
+        io.save_state({"learner": _learner_state(learner, policy.model),
+                       "rng": _rng_state(io, engine)}, tmp / STATE)
         (tmp / PROGRESS).write_text(json.dumps(progress))
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
         for name in manifest.files:
@@ -174,20 +175,21 @@ def _is_policy_weights(value: Any, model: Any) -> bool:
         value[k].data_ptr() == own[k].data_ptr() for k in own)
 
 
-def _rng_state(engine: Any) -> dict[str, Any]:
+def _io(policy: Any) -> TensorIO:
+    """The policy's checkpoint file I/O; a policy built without one cannot be saved."""
+    io: TensorIO | None = policy.io
+    if io is None:
+        raise CheckpointError("the policy has no tensor I/O (gfcr.engine.Policy.io), so it "
+                              "cannot be checkpointed; its policy component must set one "
+                              "(stages.engines.torch_io.TORCH_IO for torch models)")
+    return io
+
+
+def _rng_state(io: TensorIO, engine: Any) -> dict[str, Any]:
     import random
 
-    import numpy as np
-    import torch
-
-    np_state = np.random.get_state(legacy=False)
     return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"bit_generator": np_state["bit_generator"],
-                  "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]),
-                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        **io.rng_state(),  # "torch", "cuda", "numpy"
         "python": random.getstate(),
         "engine": engine.get_rng_state() if isinstance(engine, EngineRng) else None,
     }
@@ -225,18 +227,15 @@ def latest(where: Path) -> Checkpoint | None:
 def restore(ckpt: Checkpoint, *, policy: Any, learner: Any, engine: Any) -> dict[str, Any]:
     """Load ``ckpt`` into the live objects (weights, learner, RNGs, policy version) and
     return its progress record."""
-    import torch
-    from safetensors.torch import load_model
-
-    device = next(policy.model.parameters()).device
+    io = _io(policy)
     try:
-        load_model(policy.model, str(ckpt.path / WEIGHTS), strict=True, device=str(device))
-        state = torch.load(ckpt.path / STATE, map_location="cpu", weights_only=True)
+        io.load_weights(policy.model, ckpt.path / WEIGHTS)
+        state = io.load_state(ckpt.path / STATE)
         progress = json.loads((ckpt.path / PROGRESS).read_text())
     except (OSError, RuntimeError, ValueError) as err:
         raise CheckpointError(f"cannot load checkpoint {str(ckpt.path)!r}: {err}") from err
     _load_learner(ckpt, learner, state["learner"], policy.model)
-    _set_rng_state(state["rng"], engine)
+    _set_rng_state(io, state["rng"], engine)
     engine.update_weights()  # an engine holding its own copy (vLLM) loads the weights too
     policy.version = ckpt.manifest.policy_version
     return progress
@@ -255,19 +254,10 @@ def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None,
     learner.load_state_dict(state)
 
 
-def _set_rng_state(rng: dict[str, Any], engine: Any) -> None:
+def _set_rng_state(io: TensorIO, rng: dict[str, Any], engine: Any) -> None:
     import random
 
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    n = rng["numpy"]
-    np.random.set_state({"bit_generator": n["bit_generator"], "has_gauss": n["has_gauss"],
-                         "gauss": n["gauss"], "state": {
-                             "key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
+    io.set_rng_state(rng)
     random.setstate(rng["python"])
     if rng["engine"] is not None and isinstance(engine, EngineRng):
         engine.set_rng_state(rng["engine"])

@@ -72,8 +72,7 @@ def run(
     from gfcr.names import UnsafeName
     from gfcr.resume import ResumeError
     from gfcr.run import new_run_id
-    from store import StoreError
-    from store.lease import LeaseHeld
+    from gfcr.storage import backend
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
@@ -93,7 +92,7 @@ def run(
     except KeyboardInterrupt:
         err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
         raise typer.Exit(130)
-    except (ResumeError, LeaseHeld, UnsafeName, StoreError) as e:
+    except (ResumeError, UnsafeName) + backend().errors as e:  # a run held: LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
         _fail(explain(e, root.resolve()) or _reraise(e))

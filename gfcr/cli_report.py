@@ -31,13 +31,13 @@ def report(
 ) -> None:
     """Write one self-contained HTML page (works offline) about one or several runs."""
     from gfcr.report import ReportError, write_report
-    from store import StoreError
+    from gfcr.storage import backend
 
     more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
     target = out_file or Path(f"report-{run_ids[0]}{more}.html")
     try:
         path = write_report(store or root / "store", run_ids, target)
-    except (ReportError, StoreError) as e:
+    except (ReportError,) + backend().errors as e:
         _fail(str(e))
     except OSError as e:
         _fail(f"cannot write the report to {str(target)!r}: {e}")
@@ -53,12 +53,12 @@ def doctor(
     """Check a run for rollout pathologies (README 'Diagnose a run'); exit 1 on a serious one."""
     from gfcr.doctor import diagnose, serious
     from gfcr.report import ReportError, open_store
-    from store import StoreError
+    from gfcr.storage import backend
 
     try:
         with open_store(store or root / "store") as s:
             findings = diagnose(s, run_id)
-    except (ReportError, StoreError) as e:
+    except (ReportError,) + backend().errors as e:
         _fail(str(e))
     if as_json:
         print(json.dumps([f.as_dict() for f in findings], default=str))

@@ -34,13 +34,13 @@ def check_format(fmt: str) -> None:
 
 def query(where: str | Path, sql: str) -> Any:
     """Run ``sql`` on the store at ``where`` (read-only); Ctrl-C interrupts it."""
-    from store import ReadOnlyError, RolloutStore, StoreError
-    from store._guard import short
+    from gfcr.storage import backend
 
+    lake = backend()
     opened: list[Any] = []
 
     def work() -> Any:
-        with RolloutStore.open(where, read_only=True, create=False) as s:
+        with lake.open(where, read_only=True, create=False) as s:
             opened.append(s)
             if stop.is_set():
                 raise KeyboardInterrupt
@@ -52,14 +52,21 @@ def query(where: str | Path, sql: str) -> Any:
     stop = threading.Event()
     try:
         return interruptible(work, interrupt, stop)
-    except (StoreError, ReadOnlyError, ValueError) as e:
+    except lake.errors + (ValueError,) as e:
         raise QueryFailed(str(e)) from e
     except KeyboardInterrupt:
         raise
     except Exception as e:  # duckdb parser/binder/runtime errors
         if _interrupted(e):
             raise KeyboardInterrupt from e
-        raise QueryFailed(f"query failed: {short(e)}") from e
+        raise QueryFailed(f"query failed: {_short(e)}") from e
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """The error on one line of at most ``limit`` characters (DuckDB's messages quote the
+    query's line, which can be the whole query)."""
+    flat = " ".join(str(exc).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -107,16 +114,17 @@ def runs_table(where: str | Path) -> Any:
     the store shows running whose lease is gone or stale."""
     import pyarrow as pa
 
-    from store import RolloutStore, StoreError
-    from store.lease import leases
+    from gfcr.storage import backend
+
+    lake = backend()
 
     sql = ("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash, "
            "{error} AS error FROM runs ORDER BY started_at")
     try:
-        with RolloutStore.open(where, read_only=True, create=False) as s:
+        with lake.open(where, read_only=True, create=False) as s:
             has_error = "error" in s.sql("SELECT * FROM runs LIMIT 0").column_names
             table = s.sql(sql.format(error="error" if has_error else "NULL::VARCHAR"))
-            held = leases(s.catalog)
+            held = lake.leases(where)
             rows = table.to_pylist()
             for row in rows:
                 if row["status"] == "running":
@@ -129,7 +137,7 @@ def runs_table(where: str | Path) -> Any:
                         fresh = now[row["run_id"]]
                         row.update(fresh if fresh["status"] != "running" else
                                    {"status": "crashed"})
-    except StoreError as e:
+    except lake.errors as e:
         raise QueryFailed(str(e)) from e
     return pa.Table.from_pylist(rows, schema=table.schema)
 

@@ -93,6 +93,7 @@ def type_name(annotation: Any) -> str:
         return f"Literal[{', '.join(repr(a) for a in args)}]"
     if origin is not None:
         inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+        # getattr: a generic's origin is a class (its name) or a typing special form (none)
         return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
     if annotation is type(None):
         return "None"

@@ -20,11 +20,16 @@ commit gave:
 So a crash loses at most what a synchronous commit would have: the step whose commit was
 in flight is absent from the store (the transaction is atomic), no checkpoint is newer
 than the last committed step, and a resume reruns it.
+
+The runtime's two pieces of this are here too: :func:`recording` notes each commit's
+snapshot and :func:`pinned_history` gives each step its lazily built, pinned history.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, cast
+
+from gfcr.storage import History, backend
 
 
 class Pending(Protocol):
@@ -87,3 +92,33 @@ class LazyHistory:
 
     def __repr__(self) -> str:
         return repr(self._history) if self._build is None else "LazyHistory(not read yet)"
+
+
+def recording(commit: Callable[..., Any], snapshots: dict[int, int]) -> Callable[..., Any]:
+    """``commit`` that notes each step's snapshot, so the next step's history is pinned
+    without searching the store's snapshot list (a query that grows with the run)."""
+    def commit_step(run_id: str, step: int, rollouts: Any, **kw: Any) -> Any:
+        result = commit(run_id, step, rollouts, **kw)
+        if result.snapshot is not None:
+            snapshots[step] = result.snapshot
+        return result
+    return commit_step
+
+
+def pinned_history(store: Any, run_id: str, snapshots: dict[int, int],
+                   commits: BackgroundCommits) -> Callable[[int], History]:
+    """The run's history as of the step before ``step``: what a resumed run sees too. At
+    step 0 that is the store before the run's first commit (live, until it has one).
+    Built when a stage first reads it, after the commit running behind the step."""
+    history = backend().history
+
+    def at(step: int) -> History:
+        commits.wait()
+        if step and step - 1 in snapshots:
+            return history(store, run_id, as_of_snapshot=snapshots[step - 1])
+        if step:
+            return history(store, run_id, as_of_step=step - 1)
+        first = store.step_snapshot(run_id, 0)
+        return history(store, run_id, as_of_snapshot=None if first is None else first - 1)
+    # the lazy proxy forwards every History read to the history it builds
+    return lambda step: cast(History, LazyHistory(lambda: at(step)))

@@ -115,11 +115,11 @@ def _checked(request: RunRequest) -> Pipeline:
 
     if not request.resume:
         return resolve(request, None)
-    from store import StoreError
+    from gfcr.storage import backend
 
     try:
         store = open_store(request, read_only=True)
-    except StoreError as e:
+    except backend().errors as e:
         raise DeployError(f"cannot check run {request.run_id!r} to resume: {e}") from None
     try:
         if request.run_id is None or resume.stored_run(store, request.run_id) is None:

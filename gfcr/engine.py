@@ -19,6 +19,7 @@ is the contract every engine passes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -256,6 +257,25 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+class TensorIO(Protocol):
+    """How a policy's framework writes and reads checkpoint files (gfcr.checkpoint), so the
+    runtime needs no tensor library: the weights, a state file of tensors and plain data
+    that loads without running code, and the framework's global random generators (with
+    numpy's, in a form its state file holds). stages.engines.torch_io is torch's."""
+
+    def save_weights(self, model: Any, path: Path) -> None: ...
+
+    def load_weights(self, model: Any, path: Path) -> None: ...
+
+    def save_state(self, state: dict[str, Any], path: Path) -> None: ...
+
+    def load_state(self, path: Path) -> dict[str, Any]: ...
+
+    def rng_state(self) -> dict[str, Any]: ...
+
+    def set_rng_state(self, rng: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class Policy:
     """The trainable policy, shared in-process by the HF engine and the learner.
@@ -270,3 +290,6 @@ class Policy:
     remedy: str = ""
     """What to change in the pipeline when the tokenizer cannot represent a task's text
     (e.g. "set policy.tokenizer='byte'"); quoted by the check at the start of a run."""
+    io: TensorIO | None = None
+    """How checkpoints write and read this policy's tensors (None: it cannot be
+    checkpointed); set by the policy component that builds it."""

@@ -96,10 +96,10 @@ def pipeline_from(ref: str) -> Pipeline:
 def open_store(request: RunRequest, *, read_only: bool = False) -> Any:
     """The request's rollout store (``postgresql://`` stores name their data path in the
     URI's ``data_path`` query parameter)."""
-    from store import RolloutStore
+    from gfcr.storage import backend
 
     uri = request.store or Path(request.root) / "store"
-    return RolloutStore.open(uri, read_only=read_only, create=not read_only)
+    return backend().open(uri, read_only=read_only, create=not read_only)
 
 
 def run_request(request: RunRequest, executor: Executor, *, stop: Stop,

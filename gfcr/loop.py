@@ -43,6 +43,7 @@ from gfcr.rollout import PROMPT_SCHEMA, col, conform
 from gfcr.stage import (ALLOCATE, AUGMENT, FILTER, GENERATE, ON_SEGMENT, REFILL, SELECT, TRAIN,
                         Allocate, Augment, Filter, Generate, Learner, OnSegment, Select, Stage,
                         StepContext)
+from gfcr.storage import Committed, History
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,6 @@ Call = Callable[..., Any]
 """``call(name, fn, *args)``: run ``fn(*args)`` as the task called ``name``."""
 
 
-class Committed(Protocol):
-    """What a commit reports (store.CommitResult is one)."""
-
-    @property
-    def message(self) -> str: ...
-
-
 class Committer(Protocol):
     def __call__(self, run_id: str, step: int, rollouts: pa.Table, *,
                  policy_version: int, metrics: dict[str, float]) -> Committed: ...
@@ -92,7 +86,7 @@ class Runtime:
     learner: Learner | None
     stash: Stash
     commit: Committer | None = None
-    history: Callable[[int], Any] | None = None
+    history: Callable[[int], History] | None = None
     """history(step) -> a History reader as of that step, for stages that query it."""
     background: Call | None = None
     """Runs the step's commit behind the loop (None: through ``call``, before the step

@@ -69,6 +69,7 @@ def defer(model: BaseModel, data: dict[str, Any], err: ValidationError) -> bool:
     placeholder = cls.model_construct(**{k: v for k, v in data.items() if k in cls.model_fields})
     for attr in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
                  "__pydantic_private__"):
+        # getattr: pydantic's own storage slots, copied by name onto the unvalidated model
         object.__setattr__(model, attr, getattr(placeholder, attr))
     return True
 

@@ -95,7 +95,12 @@ PLAN_COLUMNS = frozenset({PLAN_N, PLAN_MAX_TOKENS})
 
 # ---------------------------------------------------------------- cross-kind columns
 # Extra columns one kind of stage writes and another reads, declared once here so no
-# operator imports another kind's module for a column name.
+# operator imports another kind's module for a column name. Two keep the name of the
+# method that first wrote them though their meaning is general (HINT_TOKENS: forced
+# tokens; D3S_ADVANTAGE: an advantage override): they are column names in every store
+# written so far (the rollouts table, the recycle struct a resumed run's plan carries),
+# so a rename would have a resume or a what-if over an older store read nulls. It needs
+# a store migration (new name, old one read as an alias), not a new constant.
 
 RECYCLE = "recycle"
 """Plan column of a recycled group: one struct per sample (:data:`RECYCLE_TYPE`), null for

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 from gfcr import checkpoint, names, prefect_crash, resume, storage
 from gfcr.cancel import RunCancelled, Stop, cancelled
-from gfcr.commits import BackgroundCommits, LazyHistory, Start
+from gfcr.commits import BackgroundCommits, Start, pinned_history, recording
 from gfcr.executors import Call, Executor, PrefectExecutor, named
 from gfcr.loop import Runtime, StepReport, evaluate, run_step
 from gfcr.pipeline import Pipeline
@@ -354,38 +354,9 @@ def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any,
     learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
     snapshots: dict[int, int] = {}
     rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=stash, commit=_recording(store.commit_step, snapshots),
-                 history=_history(store, run_id, snapshots, commits), background=commits)
+                 stash=stash, commit=recording(store.commit_step, snapshots),
+                 history=pinned_history(store, run_id, snapshots, commits), background=commits)
     return rt, policy
-
-
-def _recording(commit: Callable[..., Any], snapshots: dict[int, int]) -> Callable[..., Any]:
-    """``commit`` that notes each step's snapshot, so the next step's history is pinned
-    without searching the store's snapshot list (a query that grows with the run)."""
-    def commit_step(run_id: str, step: int, rollouts: Any, **kw: Any) -> Any:
-        result = commit(run_id, step, rollouts, **kw)
-        if result.snapshot is not None:
-            snapshots[step] = result.snapshot
-        return result
-    return commit_step
-
-
-def _history(store: Any, run_id: str, snapshots: dict[int, int],
-             commits: BackgroundCommits) -> Callable[[int], Any]:
-    """The run's history as of the step before ``step``: what a resumed run sees too. At
-    step 0 that is the store before the run's first commit (live, until it has one).
-    Built when a stage first reads it, after the commit running behind the step."""
-    history = storage.backend().history
-
-    def at(step: int) -> Any:
-        commits.wait()
-        if step and step - 1 in snapshots:
-            return history(store, run_id, as_of_snapshot=snapshots[step - 1])
-        if step:
-            return history(store, run_id, as_of_step=step - 1)
-        first = store.step_snapshot(run_id, 0)
-        return history(store, run_id, as_of_snapshot=None if first is None else first - 1)
-    return lambda step: LazyHistory(lambda: at(step))
 
 
 def _reason(exc: BaseException) -> str:

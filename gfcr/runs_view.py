@@ -84,12 +84,7 @@ def _lease_taken(where: str | Path | None, run_id: str) -> float | None:
     """When the dead process took the run's lease (None: no lease, or no store named)."""
     if where is None:
         return None
-    from store._location import StoreError, resolve
-    from store.lease import leases
+    from gfcr.storage import backend
 
-    try:
-        catalog, _ = resolve(where, data_path=None, read_only=True, create=False)
-    except (StoreError, OSError):
-        return None
-    row = leases(catalog).get(run_id)
+    row = backend().leases(where).get(run_id)
     return None if row is None else row.taken_at

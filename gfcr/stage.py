@@ -26,10 +26,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from gfcr import problems
-
-from gfcr import names
+from gfcr import names, problems, storage
 from gfcr.engine import Decision, Engine, Flight, Inflight, SegmentHook
+from gfcr.storage import History, HistorySource
 
 StageKind = Literal["replay", "control", "generate", "filter", "train"]
 ComponentKind = Literal["task", "policy", "engine", "warmstart"]
@@ -55,13 +54,9 @@ class Spec(BaseModel):
 
 
 class StageSpec(Spec):
-    """Fields every stage has. ``name`` defaults to the stage's ``type``.
-
-    A stage may also define ``check_pipeline(stages) -> list[str]``: rules it states about
-    the other stages of its pipeline (e.g. a train stage's temperature must be the
-    generate stage's), checked when the pipeline is built; each problem names the stage,
-    field and value.
-    """
+    """Fields every stage has. ``name`` defaults to the stage's ``type``. Optional
+    protocols a stage may implement (rules about its pipeline, ...) are in
+    gfcr.capabilities."""
 
     name: str | None = None
     """The stage's label (default: its type); it names staged files, so gfcr.names rules."""
@@ -104,16 +99,18 @@ class StageSpec(Spec):
 
 @dataclass
 class StepContext:
-    """What a stage may know about the step it runs in. Stages do no I/O through it
-    except reading history."""
+    """What a stage may know about the step it runs in, and its only door to stored
+    rows: ``history`` and ``other_store`` (typed reads, gfcr.storage.History)."""
 
     run_id: str
     step: int
     seed: int
     policy_version: int
     task: "Task"
-    history: Any = None
-    """A store.History reader (as of this step), or None when the run has no store."""
+    history: History | None = None
+    """The run's store as of this step's snapshot, or None when the run has no store."""
+    stores: HistorySource | None = None
+    """Opens other stores (see :meth:`other_store`); None: the installed store backend."""
     round: int = 0
     """Generation round inside the step: 0, then 1, 2, ... while a filter asks to refill."""
     quota: int | None = None
@@ -131,6 +128,10 @@ class StepContext:
             self._rng[stage] = np.random.default_rng([self.seed, self.step, self.round,
                                                       digest])
         return self._rng[stage]
+
+    def other_store(self, uri: str, *, as_of_snapshot: int | None = None) -> History:
+        """Another store's history, read-only, as of ``as_of_snapshot`` (None: live)."""
+        return (self.stores or storage.other_store)(uri, as_of_snapshot=as_of_snapshot)
 
     def for_round(self, round: int, quota: int) -> "StepContext":
         """The context of a refill round of this step."""

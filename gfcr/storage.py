@@ -5,26 +5,101 @@ schema), and the runtime reaches it through :class:`StoreBackend`, found by the
 ``gfcr.store`` entry point the way operator libraries are found through ``gfcr.plugins``
 (``store`` ships the one named ``lake``, DuckLake). So the dependency runs one way, and a
 test or another backend can stand in for it.
+
+Stages see a store only as a :class:`History` (``StepContext.history``: the run's store
+as of the step's snapshot; ``StepContext.other_store``: another store, read-only): typed
+reads, with no SQL dialect or time-travel syntax of the backend in stage code.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from contextlib import AbstractContextManager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 
-from gfcr.loop import Committed
-
 
 class History(Protocol):
-    """A read-only view of a run's stored rows, pinned to one snapshot (the step's)."""
+    """A read-only view of a store's rows, pinned to one snapshot (the step's), and
+    restricted to one run when ``run_id`` is set. Every read sees that snapshot, so a
+    resumed run reads exactly what the original step read. Tables are Arrow; the
+    backend documents their schemas (store.history)."""
 
-    def prompt_stats(self, prompt_ids: Sequence[str] | None = None) -> pa.Table: ...
+    @property
+    def uri(self) -> str:
+        """The store's location, as opened."""
+        ...
+
+    @property
+    def run_id(self) -> str | None: ...
+
+    @property
+    def snapshot(self) -> int | None:
+        """The pinned snapshot id (None: the live store)."""
+        ...
+
+    def prompt_stats(self, prompt_ids: Sequence[str] | None = None) -> pa.Table:
+        """Per prompt: attempts, successes, Beta posterior and EW pass rate."""
+        ...
+
+    def group_stats(self, step: int | None = None,
+                    prompt_ids: Sequence[str] | None = None) -> pa.Table: ...
 
     def step_metrics(self, run_id: str | None = None) -> pa.Table: ...
+
+    def lineage(self, rollout_id: str) -> pa.Table: ...
+
+    def prompt_evidence(self, *, now: int, half_life: float | None) -> pa.Table:
+        """Per prompt: attempts ``n`` and successes ``s``, each weighed
+        ``0.5 ** ((now - step) / half_life)`` (1 when ``half_life`` is None), and
+        ``last_step``."""
+        ...
+
+    def step_losses(self) -> pa.Table:
+        """Per (step, prompt): attempts ``n`` and failure rate ``loss``."""
+        ...
+
+    def recent_trained(self, *, now: int, window: int) -> pa.Table:
+        """Original rows kept and trained on in the last ``window`` steps, in groups with
+        signal, with ``_times`` (replays so far), newest step first."""
+        ...
+
+    def recent_outcomes(self, *, since_step: int, limit: int,
+                        run_id: str | None = None) -> pa.Table:
+        """``logprobs`` and ``reward`` of the run's attempts from ``since_step`` on,
+        newest first, at most ``limit``."""
+        ...
+
+    def pending_partials(self, run_id: str | None = None) -> pa.Table:
+        """The run's partial rows that no row continues yet, oldest step first, with every
+        column the store has."""
+        ...
+
+    def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
+        """``run_id``, ``group_id`` of other runs' groups with a complete, scored row that
+        meets the SQL condition ``where`` (on the ``rollouts`` columns), in order."""
+        ...
+
+    def group_rows(self, groups: Sequence[tuple[str, str]], *, exclude_run: str) -> pa.Table:
+        """The complete, scored rows of the (run id, group id) ``groups``, in order."""
+        ...
+
+
+class HistorySource(Protocol):
+    """Opens another store's :class:`History`, read-only (cross-run replay)."""
+
+    def __call__(self, uri: str, *, as_of_snapshot: int | None = None) -> History: ...
+
+
+class Committed(Protocol):
+    """What a commit reports (store.CommitResult is one)."""
+
+    @property
+    def message(self) -> str: ...
 
 
 class RunStore(Protocol):
@@ -40,6 +115,10 @@ class RunStore(Protocol):
 
     def step_snapshot(self, run_id: str, step: int) -> int | None: ...
 
+    def interrupt(self) -> None:
+        """Stop the statement ``sql`` is running (from another thread: Ctrl-C)."""
+        ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Any: ...
@@ -47,16 +126,30 @@ class RunStore(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+class Lease(Protocol):
+    """A run's lease as the store holds it (one owner per run id)."""
+
+    @property
+    def taken_at(self) -> float:
+        """When its holder took it (seconds since the epoch, the store's clock)."""
+        ...
+
+    def stale(self) -> str | None:
+        """Why it no longer guards a live run (lapsed, its process gone), or None."""
+        ...
+
+
 class StoreBackend(Protocol):
     """Opens stores and reads their history; ``errors`` are what its calls raise for bad
-    input (a missing store, a read-only one written to), reported without a traceback."""
+    input (a missing store, a read-only one written to, a run another process holds),
+    reported without a traceback. Everything gfcr does with a store goes through it."""
 
     errors: tuple[type[Exception], ...]
 
-    def open(self, uri: str | Path, *, read_only: bool = False,
+    def open(self, uri: str | os.PathLike[str], *, read_only: bool = False,
              create: bool = True) -> RunStore: ...
 
-    def history(self, store: Any, run_id: str, *, as_of_step: int | None = None,
+    def history(self, store: Any, run_id: str | None, *, as_of_step: int | None = None,
                 as_of_snapshot: int | None = None) -> History: ...
 
     def export(self, store: Any, dest: Path, *, format: str, table: str,
@@ -66,6 +159,16 @@ class StoreBackend(Protocol):
 
     def hold(self, store: Any, run_id: str) -> AbstractContextManager[object]:
         """The run's lease, held while the block runs: one owner per run id."""
+        ...
+
+    def leases(self, uri: str | os.PathLike[str]) -> Mapping[str, Lease]:
+        """Every run lease the store at ``uri`` holds, by run id (none: no store there);
+        read without opening the store."""
+        ...
+
+    def duckdb_script(self, uri: str | os.PathLike[str]) -> str:
+        """A DuckDB SQL script that opens the store at ``uri`` read-only, with the shipped
+        views (``gfcr sql --script``, DuckDB's UI)."""
         ...
 
 
@@ -82,3 +185,17 @@ def backend(name: str = "lake") -> StoreBackend:
                                "reinstall gfcr (pip install -e .)")
         _BACKEND.append(found[name].load())
     return _BACKEND[0]
+
+
+_OPEN: dict[str, RunStore] = {}
+_OPENING = threading.Lock()
+
+
+def other_store(uri: str, *, as_of_snapshot: int | None = None) -> History:
+    """The history of the store at ``uri``, read-only, as of ``as_of_snapshot`` (None:
+    live), for every run. The store is opened once per process and kept open (stages of
+    a run read it every step); the backend's ``errors`` say when it is not a store."""
+    with _OPENING:
+        if uri not in _OPEN:
+            _OPEN[uri] = backend().open(uri, read_only=True, create=False)
+    return backend().history(_OPEN[uri], None, as_of_snapshot=as_of_snapshot)

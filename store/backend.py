@@ -4,29 +4,31 @@ stores without importing it."""
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from gfcr.storage import StoreBackend
 
 from ._guard import ReadOnlyError
-from ._location import StoreError
+from ._location import StoreError, resolve
 from .history import History
 from .lake import RolloutStore
-from .lease import hold
+from .lease import LeaseHeld, LeaseRow, hold, leases
 from .maintenance import CompactResult, compact, export
+from .script import statements
 
 
 class LakeBackend:
     """Opens :class:`RolloutStore` s and builds their :class:`History` views."""
 
-    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError)
+    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError, LeaseHeld)
 
-    def open(self, uri: str | Path, *, read_only: bool = False,
+    def open(self, uri: str | os.PathLike[str], *, read_only: bool = False,
              create: bool = True) -> RolloutStore:
         return RolloutStore.open(uri, read_only=read_only, create=create)
 
-    def history(self, store: RolloutStore, run_id: str, *, as_of_step: int | None = None,
+    def history(self, store: RolloutStore, run_id: str | None, *, as_of_step: int | None = None,
                 as_of_snapshot: int | None = None) -> History:
         if as_of_step is not None:
             return History(store, run_id, as_of_step=as_of_step)
@@ -42,6 +44,16 @@ class LakeBackend:
 
     def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[object]:
         return hold(store, run_id)
+
+    def leases(self, uri: str | os.PathLike[str]) -> dict[str, LeaseRow]:
+        try:
+            catalog, _ = resolve(uri, data_path=None, read_only=True, create=False)
+        except (StoreError, OSError):
+            return {}
+        return leases(catalog)
+
+    def duckdb_script(self, uri: str | os.PathLike[str]) -> str:
+        return statements(uri)
 
 
 BACKEND: StoreBackend = LakeBackend()

@@ -22,6 +22,10 @@ from ._location import StoreError
 from .lake import RolloutStore
 from .views import EW_HALF_LIFE, view_query
 
+ATTEMPT = "status = 'complete' AND reward IS NOT NULL AND replay_count = 0"
+"""SQL condition of an attempt: a complete, scored, original rollout (the same as the
+``prompt_history`` view's)."""
+
 PROMPT_STATS_SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("task", pa.string()), ("attempts", pa.int64()),
     ("successes", pa.int64()), ("last_step", pa.int64()), ("posterior_mean", pa.float64()),
@@ -70,6 +74,11 @@ class History:
 
     def __repr__(self) -> str:
         return f"History({self.store.uri!r}, run_id={self.run_id!r}, snapshot={self.snapshot!r})"
+
+    @property
+    def uri(self) -> str:
+        """The store's location."""
+        return self.store.uri
 
     def prompt_stats(self, prompt_ids: Sequence[str] | None = None) -> pa.Table:
         """Per-prompt attempts, successes, Beta posterior and EW pass rate.
@@ -120,20 +129,116 @@ class History:
             ORDER BY chain.depth"""
         return self._query(query, {"rollout_id": rollout_id}, LINEAGE_SCHEMA)
 
+    # ------------------------------------------------------------ reads of replay and control stages
+
+    def prompt_evidence(self, *, now: int, half_life: float | None) -> pa.Table:
+        """Per prompt: discounted attempts ``n`` and successes ``s``, and ``last_step``.
+
+        An attempt at step ``t`` weighs ``0.5 ** ((now - t) / half_life)`` (1 when
+        ``half_life`` is None), so the evidence of a policy long gone fades.
+        """
+        weight = "1.0" if half_life is None else f"pow(0.5, ({int(now)} - step) / {float(half_life)})"
+        query = f"""
+            SELECT prompt_id, sum({weight})::DOUBLE AS n,
+                   sum(CASE WHEN reward > 0 THEN {weight} ELSE 0 END)::DOUBLE AS s,
+                   max(step)::BIGINT AS last_step
+            FROM {self._source("rollouts")} WHERE {ATTEMPT}
+            GROUP BY prompt_id ORDER BY prompt_id"""
+        return self.store.sql(query)
+
+    def step_losses(self) -> pa.Table:
+        """Per (step, prompt): attempts ``n`` and failure rate ``loss`` (1 - share of
+        successes)."""
+        query = f"""
+            SELECT step, prompt_id, count(*)::BIGINT AS n,
+                   avg(CASE WHEN reward > 0 THEN 0.0 ELSE 1.0 END) AS loss
+            FROM {self._source("rollouts")} WHERE {ATTEMPT}
+            GROUP BY step, prompt_id ORDER BY step, prompt_id"""
+        return self.store.sql(query)
+
+    def recent_trained(self, *, now: int, window: int) -> pa.Table:
+        """Original rollouts the run kept and trained on in the last ``window`` steps, in
+        groups whose kept rewards are not all equal (a flat group has no GRPO signal), with
+        ``_times``: how often each was replayed already. Ordered newest step first."""
+        src = self._source("rollouts")
+        recent = f"rollouts.step >= {int(now) - int(window)}"
+        query = f"""
+            WITH used AS (
+                SELECT parent_id, count(*)::BIGINT AS times FROM {src}
+                WHERE replay_count > 0 AND parent_id IS NOT NULL GROUP BY parent_id),
+            signal AS (
+                SELECT group_id FROM {src} WHERE kept AND {recent} AND replay_count = 0
+                GROUP BY group_id HAVING max(reward) > min(reward))
+            SELECT rollouts.*, coalesce(used.times, 0)::BIGINT AS _times
+            FROM {src} LEFT JOIN used ON used.parent_id = rollouts.rollout_id
+            WHERE rollouts.kept AND rollouts.consumed_at_step IS NOT NULL
+              AND rollouts.status = 'complete' AND rollouts.replay_count = 0 AND {recent}
+              AND rollouts.group_id IN (SELECT group_id FROM signal)
+            ORDER BY rollouts.step DESC, rollouts.group_id, rollouts.sample_idx"""
+        return self.store.sql(query)
+
+    def recent_outcomes(self, *, since_step: int, limit: int, run_id: str | None = None) -> pa.Table:
+        """``logprobs`` and ``reward`` of the run's attempts from ``since_step`` on, newest
+        first (then by rollout id), at most ``limit`` rows."""
+        source = self._source("rollouts", run_id=run_id, step_from=since_step)
+        query = f"""
+            SELECT logprobs, reward FROM {source}
+            WHERE {ATTEMPT} ORDER BY step DESC, rollout_id LIMIT {int(limit)}"""
+        return self.store.sql(query)
+
+    def pending_partials(self, run_id: str | None = None) -> pa.Table:
+        """Partial rows of the run that no row continues yet, oldest step first, with every
+        column the store has: extra ones (``hint_tokens``, ...) exist only where a stage
+        wrote them."""
+        query = f"""
+            SELECT p.* FROM {self._source("rollouts", run_id=run_id, alias="p")}
+            WHERE p.status = 'partial' AND NOT EXISTS (
+                SELECT 1 FROM {self._source("rollouts", run_id=run_id, alias="c")}
+                WHERE c.parent_id = p.rollout_id)
+            ORDER BY p.step, p.group_id, p.sample_idx"""
+        return self.store.sql(query)
+
+    def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
+        """``run_id``, ``group_id`` of the groups of runs other than ``exclude_run`` with a
+        complete, scored row that meets the SQL condition ``where``, in that order."""
+        query = (f"SELECT DISTINCT run_id, group_id FROM {self._scored(exclude_run)} "
+                 f"WHERE ({where}) ORDER BY run_id, group_id")
+        return self.store.sql(query)
+
+    def group_rows(self, groups: Sequence[tuple[str, str]], *, exclude_run: str) -> pa.Table:
+        """The complete, scored rows of the (run id, group id) ``groups`` (none of
+        ``exclude_run``), by run, group and sample."""
+        wanted = [f"{run}\x00{group}" for run, group in groups]
+        query = f"""
+            SELECT * FROM {self._scored(exclude_run)}
+            WHERE list_contains($wanted::VARCHAR[], run_id || chr(0) || group_id)
+            ORDER BY run_id, group_id, sample_idx"""
+        return self.store.sql(query, {"wanted": wanted})
+
+    def _scored(self, exclude_run: str) -> str:
+        """The complete, scored rollouts of every run but ``exclude_run``, as ``rollouts``."""
+        return (f"(SELECT * FROM lake.rollouts{self._at()} WHERE status = 'complete' AND reward IS NOT NULL"
+                f" AND run_id <> {quote_literal(exclude_run)}) AS rollouts")
+
+    def _at(self) -> str:
+        return "" if self.snapshot is None else f" AT (VERSION => {int(self.snapshot)})"
+
     def _source(self, table: str, *, run_id: str | None = None, prompt_ids: Sequence[str] | None = None,
-                step: int | None = None) -> str:
-        """A FROM-clause source for ``table`` at the pinned snapshot, filtered as asked."""
-        at = "" if self.snapshot is None else f" AT (VERSION => {int(self.snapshot)})"
+                step: int | None = None, step_from: int | None = None, alias: str | None = None) -> str:
+        """A FROM-clause source for ``table`` at the pinned snapshot, filtered as asked
+        (``run_id`` defaults to the history's run), named ``alias`` (default: ``table``)."""
         run = run_id if run_id is not None else self.run_id
         where = []
         if run is not None:
             where.append(f"run_id = {quote_literal(run)}")
         if step is not None:
             where.append(f"step = {int(step)}")
+        if step_from is not None:
+            where.append(f"step >= {int(step_from)}")
         if prompt_ids is not None:
             where.append("list_contains($prompt_ids::VARCHAR[], prompt_id)")
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        return f"(SELECT * FROM lake.{table}{at}{clause}) AS {table}"
+        return f"(SELECT * FROM lake.{table}{self._at()}{clause}) AS {alias or table}"
 
     def _query(self, query: str, params: dict | None, schema: pa.Schema | None) -> pa.Table:
         table = self.store.sql(query, params)

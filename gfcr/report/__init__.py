@@ -36,10 +36,10 @@ def open_store(store_uri: str | os.PathLike[str]) -> Any:
     shipped views cannot bind, raises ReportError saying so (StoreError: no store there)."""
     import duckdb
 
-    from store import RolloutStore
+    from gfcr.storage import backend
 
     try:
-        return RolloutStore.open(store_uri, read_only=True, create=False)
+        return backend().open(store_uri, read_only=True, create=False)
     except (duckdb.BinderException, duckdb.CatalogException) as e:
         first = str(e).splitlines()[0]
         raise ReportError(f"store {os.fspath(store_uri)!r} has an older schema than this gfcr: "

@@ -71,7 +71,7 @@ class OnlinePrune(StageSpec):
         history = ctx.history
         if history is None:
             return None
-        key = (str(history.store.uri), ctx.run_id, ctx.step, history.snapshot,
+        key = (history.uri, ctx.run_id, ctx.step, history.snapshot,
                self.min_tokens, self.window, self.min_examples)
         if key not in _HEADS:
             lps, rewards = recent_rollouts(history, ctx.run_id, ctx.step - self.window)

@@ -15,9 +15,11 @@ features need no access to the model, so the head works with any engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from gfcr.storage import History
 
 FEATURES = ("log_length", "mean_logprob", "min_logprob", "std_logprob", "tail_logprob",
             "unlikely_share")
@@ -90,15 +92,9 @@ def examples(logprobs: Sequence[Sequence[float]], rewards: Sequence[float],
     return np.vstack(xs), np.asarray(ys, dtype=float)
 
 
-def recent_rollouts(history: Any, run_id: str, since_step: int,
+def recent_rollouts(history: History, run_id: str, since_step: int,
                     limit: int = 512) -> tuple[list[list[float]], list[float]]:
     """Logprobs and rewards of the run's complete, scored, original rollouts from
-    ``since_step`` on, as of the history's snapshot, newest first (the store's ``sql``)."""
-    at = "" if history.snapshot is None else f" AT (VERSION => {int(history.snapshot)})"
-    rows = history.store.sql(
-        f"""SELECT logprobs, reward FROM lake.rollouts{at}
-            WHERE run_id = $run AND step >= $since AND status = 'complete'
-              AND reward IS NOT NULL AND replay_count = 0
-            ORDER BY step DESC, rollout_id LIMIT {int(limit)}""",
-        {"run": run_id, "since": since_step}).to_pylist()
+    ``since_step`` on, as of the history's snapshot, newest first."""
+    rows = history.recent_outcomes(since_step=since_step, limit=limit, run_id=run_id).to_pylist()
     return [r["logprobs"] for r in rows], [r["reward"] for r in rows]

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from gfcr.engine import Policy
 from gfcr.stage import Spec, register
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
+from stages.engines.torch_io import TORCH_IO
 
 __all__ = ["ByteTokenizer", "CharTokenizer", "HFCheckpoint", "HFTokenizer", "TinyLlama"]
 
@@ -83,7 +84,7 @@ class TinyLlama(Spec):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config).float()
-        return Policy(model=model, tokenizer=tok, remedy=(
+        return Policy(model=model, tokenizer=tok, io=TORCH_IO, remedy=(
             "set policy.tokenizer='byte' (TinyLlama(tokenizer='byte'), or --set "
             "policy.tokenizer=byte), which encodes any text" if self.tokenizer == "char" else ""))
 
@@ -116,7 +117,8 @@ class HFCheckpoint(Spec):
                 self.path, local_files_only=True, dtype=getattr(torch, self.dtype))
         hf_tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         return Policy(model=model, tokenizer=HFTokenizer(hf_tok, model, self.path), remedy=(
-            "set policy.path to a checkpoint whose tokenizer covers them, or change the task"))
+            "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
+            io=TORCH_IO)
 
 
 class HFTokenizer:

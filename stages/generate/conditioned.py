@@ -48,7 +48,6 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.engine import Engine, SegmentHook
-from gfcr.capabilities import PromptStats
 from gfcr.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
 from gfcr.stage import Spec, StageSpec, StepContext, register
 from stages.generate._policy import forced_logprobs
@@ -184,8 +183,8 @@ def hint_length(answer_tokens: int, pass_rate: float, max_ratio: float, cap: int
 
 def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str, float]]:
     """Prompt id -> attempts, successes, posterior_mean from ``ctx.history`` (a
-    ``store.History``); empty when the run has no history."""
-    if not isinstance(ctx.history, PromptStats) or not prompt_ids:
+    gfcr.storage.History); empty when the run has no history."""
+    if ctx.history is None or not prompt_ids:
         return {}
     table = ctx.history.prompt_stats(list(dict.fromkeys(prompt_ids)))
     return {r["prompt_id"]: r for r in
@@ -195,7 +194,7 @@ def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str,
 def solved_examples(ctx: StepContext) -> list[tuple[str, str, str]]:
     """(prompt id, prompt, answer) of the task's training prompts the history shows
     solved at least once, in prompt-id order."""
-    if not isinstance(ctx.history, PromptStats):
+    if ctx.history is None:
         return []
     stats = ctx.history.prompt_stats()
     solved = {r["prompt_id"] for r in stats.select(["prompt_id", "successes"]).to_pylist()

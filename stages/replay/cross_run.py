@@ -3,8 +3,8 @@
 SAPO (Swarm sAmpling Policy Optimization; "Sharing is Caring: Efficient LM Post-Training
 with Collective RL Experience Sharing", Gensyn 2025): each node trains on its own
 rollouts plus rollouts other nodes shared, so a success found by one policy propagates.
-Here the "network" is any rollout store: the stage opens the store folder ``source``
-read-only and each step picks ``groups`` groups among those with a complete, scored row
+Here the "network" is any rollout store: the step's context opens the store folder
+``source`` read-only (``StepContext.other_store``, once per process) and each step picks ``groups`` groups among those with a complete, scored row
 that satisfies the SQL condition ``where``, and appends all their complete, scored rows
 (whole groups: GRPO's baseline needs them) as replayed rows. Rows of the current run are
 never taken (that is :class:`~stages.replay.rollout_replay.RolloutReplay`). Lineage is
@@ -25,15 +25,17 @@ CrossRunReplay(name=None, type='cross_run_replay', source='.gfcr/store', ...)
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import duckdb
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, field_validator
 
+from gfcr import storage
 from gfcr.rollout import col
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr.storage import History
 from stages.replay import _copies, _reads
 
 SOURCE_COLUMN = "replay_source"
@@ -56,7 +58,6 @@ class CrossRunReplay(StageSpec):
     """Read the source as of this snapshot (None: live)."""
 
     writes: ClassVar[frozenset[str]] = frozenset({col.PARENT_ID, col.REPLAY_COUNT, SOURCE_COLUMN})
-    _store: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("where")
     @classmethod
@@ -70,14 +71,10 @@ class CrossRunReplay(StageSpec):
         return value
 
     def augment(self, ctx: StepContext, batch: pa.Table) -> pa.Table:
-        store = self.open()
-        at = "" if self.as_of_snapshot is None else f" AT (VERSION => {int(self.as_of_snapshot)})"
-        rows = f"""(SELECT * FROM lake.rollouts{at}
-                    WHERE status = 'complete' AND reward IS NOT NULL AND run_id <> $run) AS rollouts"""
+        source = self.history(ctx)
         try:
-            keys = store.sql(f"SELECT DISTINCT run_id, group_id FROM {rows} WHERE ({self.where}) "
-                             "ORDER BY run_id, group_id", {"run": ctx.run_id})
-        except Exception as err:
+            keys = source.candidate_groups(self.where, exclude_run=ctx.run_id)
+        except Exception as err:  # the backend's SQL error on a bad condition
             raise ValueError(f"stage {self.label!r}: field 'where' = {self.where!r} does not "
                              f"select from store {self.source!r}: {err}") from err
         if keys.num_rows == 0:
@@ -85,23 +82,18 @@ class CrossRunReplay(StageSpec):
         take = ctx.rng(self.label).choice(keys.num_rows, size=min(self.groups, keys.num_rows),
                                           replace=False)
         picked = keys.take(pa.array(np.sort(take), pa.int64()))
-        wanted = [f"{r}\x00{g}" for r, g in zip(picked.column(0).to_pylist(), picked.column(1).to_pylist())]
-        chosen = _reads.as_rollouts(store.sql(f"""
-            SELECT * FROM {rows} WHERE list_contains($wanted::VARCHAR[], run_id || chr(0) || group_id)
-            ORDER BY run_id, group_id, sample_idx""", {"run": ctx.run_id, "wanted": wanted}))
-        origin = [f"{store.uri}#{r}" for r in chosen.column(col.RUN_ID).to_pylist()]
+        wanted = list(zip(picked.column(0).to_pylist(), picked.column(1).to_pylist()))
+        chosen = _reads.as_rollouts(source.group_rows(wanted, exclude_run=ctx.run_id))
+        origin = [f"{source.uri}#{r}" for r in chosen.column(col.RUN_ID).to_pylist()]
         counts = (chosen.column(col.REPLAY_COUNT).to_numpy() + 1).tolist()
         replayed = _copies.copies(ctx, chosen, counts, tag=self.label, extra={SOURCE_COLUMN: origin})
         return _copies.append(batch, replayed)
 
-    def open(self) -> Any:
-        """The source store, opened read-only once per process."""
-        if "store" not in self._store:
-            from store import RolloutStore, StoreError
-
-            try:
-                self._store["store"] = RolloutStore.open(self.source, read_only=True, create=False)
-            except StoreError as err:
-                raise ValueError(f"stage {self.label!r}: field 'source' = {self.source!r} is not "
-                                 f"a readable rollout store: {err}") from err
-        return self._store["store"]
+    def history(self, ctx: StepContext) -> History:
+        """The source store as of ``as_of_snapshot``, read-only, from the context (which
+        opens it once per process: the spec holds no open resource)."""
+        try:
+            return ctx.other_store(self.source, as_of_snapshot=self.as_of_snapshot)
+        except storage.backend().errors as err:
+            raise ValueError(f"stage {self.label!r}: field 'source' = {self.source!r} is not "
+                             f"a readable rollout store: {err}") from err

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from gfcr.rollout import PROMPT_COLUMNS, col
 from gfcr.stage import StageSpec, StepContext, register
-from stages.replay import _beliefs, _reads
+from stages.replay import _beliefs
 
 
 @register("replay")
@@ -63,7 +63,7 @@ class PromptGDRO(StageSpec):
         """The sampling distribution over groups (before masking empty ones)."""
         cumulative = np.zeros(self.bins)
         if ctx.history is not None:
-            losses = _reads.step_losses(ctx.history)
+            losses = ctx.history.step_losses()
             beta = 0.5 ** (1.0 / self.half_life)
             ema, updates = np.zeros(self.bins), np.zeros(self.bins)
             for step in sorted(set(losses.column("step").to_pylist())):

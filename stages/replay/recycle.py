@@ -28,6 +28,7 @@ from pydantic import Field
 from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
 from gfcr.capabilities import ContinuesPartials
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr.storage import History
 from gfcr.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
@@ -98,19 +99,11 @@ def with_plan_columns(table: pa.Table) -> pa.Table:
                                              if n not in PLAN_SCHEMA.names])
 
 
-def pending_partials(history: Any, run_id: str) -> pa.Table:
+def pending_partials(history: History, run_id: str) -> pa.Table:
     """Partial rows of ``run_id`` that no row continues yet, as of the history's snapshot,
-    oldest step first (read through the store's public ``sql``), with every column the
-    store has: extra ones (``hint_tokens``, ...) exist only where a stage wrote them."""
-    at = "" if history.snapshot is None else f" AT (VERSION => {int(history.snapshot)})"
-    source = f"(SELECT * FROM lake.rollouts{at} WHERE run_id = $run)"
-    query = f"""
-        SELECT p.*
-        FROM {source} AS p
-        WHERE p.status = 'partial'
-          AND NOT EXISTS (SELECT 1 FROM {source} AS c WHERE c.parent_id = p.rollout_id)
-        ORDER BY p.step, p.group_id, p.sample_idx"""
-    return history.store.sql(query, {"run": run_id})
+    oldest step first, with every column the store has: extra ones (``hint_tokens``, ...)
+    exist only where a stage wrote them."""
+    return history.pending_partials(run_id)
 
 
 def recycled_plan(rows: list[dict[str, Any]], version: int, max_staleness: int) -> pa.Table:

@@ -64,7 +64,7 @@ class RolloutReplay(StageSpec):
         need = self.shortfall(batch)
         if need <= 0 or ctx.history is None or ctx.step == 0:
             return batch
-        stored = _reads.recent_trained(ctx.history, now=ctx.step, window=self.window)
+        stored = ctx.history.recent_trained(now=ctx.step, window=self.window)
         stored = stored.filter(pc.less(stored.column("_times"), self.max_replays))
         rows = self.choose(stored, need, ctx.rng(self.label))
         times = rows.column("_times").to_numpy() + 1

@@ -33,9 +33,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from gfcr import storage
 from gfcr.filters import applied, set_column
 from gfcr.rollout import col
 from gfcr.stage import FILTER, StageSpec, StepContext, lookup
+from gfcr.storage import History
 from stages.replay import _reads
 
 Base = Literal["kept", "all"]
@@ -119,14 +121,15 @@ def run_task(store: Any, run_id: str) -> tuple[Any, int]:
     return lookup("task", task["type"]).model_validate(task), int(spec.get("seed", 0))
 
 
-def _history(store: Any, run_id: str, step: int) -> Any:
-    from store import History, StoreError
-
+def _history(store: Any, run_id: str, step: int) -> History | None:
+    """The run's history as of the step before ``step`` (None at step 0, or when that step
+    is not committed), as the loop gives it to filters."""
     if step == 0:
         return None
+    backend = storage.backend()
     try:
-        return History(store, run_id, as_of_step=step - 1)
-    except StoreError:
+        return backend.history(store, run_id, as_of_step=step - 1)
+    except backend.errors:
         return None
 
 

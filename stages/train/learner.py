@@ -2,10 +2,11 @@
 the method and its options).
 
 One update: advantages over the batch's groups (with the ``rewards`` components for
-estimators that read them; D³S's whole-group ``d3s_advantage`` where a row carries one,
-used as is), the rows with signal, their loss masks
-(:mod:`stages.train.masks`), a no-grad pass at the current weights where needed (proximal
-logprobs of off-policy rows, :mod:`stages.train.offpolicy`; token entropies for D³S), the
+estimators that declare so; a row's advantage override, where it carries one, used as
+is), the rows with signal, their loss masks (forced tokens out, the token selector's
+share kept: :mod:`stages.train.masks`), a no-grad pass at the current weights where
+needed (proximal logprobs of off-policy rows, :mod:`stages.train.offpolicy`; token
+entropies for the token selector), the
 reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each over
 micro-batches (:mod:`stages.train.batching`) whose losses are divided by whole-batch counts
 so the accumulated gradient is the full-batch gradient.
@@ -71,7 +72,7 @@ class _Work:
     completions: list[list[int]] = field(default_factory=list)
     adv: list[float] = field(default_factory=list)
     masks: list[np.ndarray] = field(default_factory=list)
-    """Loss masks (hints and D³S applied)."""
+    """Loss masks (forced tokens out, the token selector applied)."""
     old: list[np.ndarray] = field(default_factory=list)
     """Logprobs the ratio is taken against: behaviour, or proximal for off-policy rows."""
     weights: list[np.ndarray] | None = None
@@ -151,7 +152,7 @@ class GRPOLearner:
         forward = [i for i in range(len(rows)) if use_entropy or (use_prox and off[i])]
         prox, entropy = self._no_grad_pass(prompts, completions, forward, use_entropy)
         row_adv = [float(adv[i]) for i in rows]
-        masks = (loss_masks.d3s_masks(hint, row_adv, entropy, ratio, spec.token_selector)
+        masks = (loss_masks.selected_masks(hint, row_adv, entropy, ratio, spec.token_selector)
                  if use_entropy else hint)
         work = _Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
                      old=[prox[i] if use_prox and off[i] else behaviour[i]
@@ -173,10 +174,10 @@ class GRPOLearner:
     # ------------------------------------------------------------------ pieces
 
     def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
-        """The estimator's advantages over the batch's groups, replaced by D³S's
-        whole-group ones on rows that carry them (:func:`stages.train.masks.d3s_advantages`)."""
+        """The estimator's advantages over the batch's groups, replaced by the advantage
+        override on rows that carry one (:func:`stages.train.masks.override_advantages`)."""
         adv = self._estimated_advantages(batch, rewards)
-        return loss_masks.d3s_advantages(batch, adv, stage=self.spec.label)
+        return loss_masks.override_advantages(batch, adv, stage=self.spec.label)
 
     def _estimated_advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
         estimator = lookup_advantage(self.spec.advantage)
@@ -350,7 +351,7 @@ def _active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
 
 
 def _drop_empty(work: _Work) -> None:
-    """Remove rows left without a loss token (D³S may empty a row)."""
+    """Remove rows left without a loss token (a token selector may empty a row)."""
     keep = [i for i, m in enumerate(work.masks) if m.any()]
     if len(keep) == len(work.masks):
         return

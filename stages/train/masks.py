@@ -11,13 +11,13 @@ extra column, and only when that column is in the batch:
 - ``token_keep_ratio`` (float64, :data:`gfcr.rollout.TOKEN_KEEP_RATIO`, D³S): keep only that share of
   the batch's loss tokens, those with the largest ``|A_i| * H_{i,t}``, where ``H`` is the
   policy's next-token entropy at the training temperature from the trainer's own forward
-  pass (:func:`d3s_masks`, which applies a token selector of :mod:`stages.train.selection`).
+  pass (:func:`selected_masks`, which applies a token selector of :mod:`stages.train.selection`).
 
 D³S also hands the trainer its advantages: ``d3s_advantage`` (float64, null = none) is
 each row's advantage within its whole group, the values D³S chose the subset on. Where it
 is present the learner trains the row on it, ranks the row's tokens by it (``|A|``) and
 reports it as the row's ``advantage``, with no renormalisation
-(:func:`d3s_advantages`): recomputed over the kept subset, a std-normalised estimator
+(:func:`override_advantages`): recomputed over the kept subset, a std-normalised estimator
 would give every subset unit variance and undo the max-Var(A) choice.
 
 Departure from D³S: the share is of the tokens of rows the learner trains on (rows with a
@@ -72,7 +72,7 @@ def keep_ratio(batch: pa.Table, *, stage: str = "grpo") -> float | None:
     return ratio
 
 
-def d3s_advantages(batch: pa.Table, adv: np.ndarray, *, stage: str = "grpo") -> np.ndarray:
+def override_advantages(batch: pa.Table, adv: np.ndarray, *, stage: str = "grpo") -> np.ndarray:
     """``adv`` with each row's ``d3s_advantage`` in its place where that is not null;
     ``adv`` itself without the column. The values are used as they are (no
     renormalisation), so the update sees the whole-group advantages D³S chose on. A NaN
@@ -91,7 +91,7 @@ def d3s_advantages(batch: pa.Table, adv: np.ndarray, *, stage: str = "grpo") -> 
     return np.where(given, values, np.asarray(adv, np.float64))
 
 
-def d3s_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
+def selected_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
               entropies: Sequence[np.ndarray], ratio: float | None,
               selector: str = "d3s") -> list[np.ndarray]:
     """``masks`` narrowed to the token selector's kept tokens (stages.train.selection;
@@ -107,3 +107,7 @@ def d3s_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
         narrowed[narrowed] = k
         out.append(narrowed)
     return out
+
+
+d3s_masks = selected_masks
+"""The name :func:`selected_masks` had while D³S was its only selector."""
