@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr import cli_deploy
+from gfcr import cli_deploy, cli_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -44,6 +44,9 @@ RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume')
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
 
+POOL_HELP = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
+POOL_TIMEOUT_HELP = "With --generate-pool: fail a step no worker finished in this many s."
+
 
 @app.command()
 def run(
@@ -60,6 +63,8 @@ def run(
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
+    generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=POOL_HELP),
+    generate_timeout: float = typer.Option(600.0, help=POOL_TIMEOUT_HELP),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -79,7 +84,8 @@ def run(
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
-                         tracking=tracking, track=track)
+                         tracking=tracking, track=track, generate_pool=generate_pool,
+                         generate_timeout=generate_timeout)
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
@@ -185,6 +191,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
 
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
+app.command("engine-worker")(cli_workers.engine_worker)
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout store.")

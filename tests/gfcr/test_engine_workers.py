@@ -1,0 +1,142 @@
+"""Engine workers (gfcr.remote): a run's generate stage on two `gfcr engine-worker`
+subprocesses served through Prefect task workers, against the session's real Prefect
+server; the same rollouts as in-process; no worker on a pool; a worker on other code.
+
+The two workers start once for the module (a worker start costs seconds)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from gfcr import execute
+from gfcr.remote.call import GenerateCall, Refused, code_hash
+from gfcr.remote.dispatch import GeneratePool, NoEngineWorker
+from store import RolloutStore
+from tests.conftest import tiny_pipeline
+from tests.resources.digits import Digits
+
+POOL = "tiny-engines"
+WORKERS = ("engine-a", "engine-b")
+REPO = Path(__file__).resolve().parents[2]
+COMPARE = ["step", "prompt", "sample_idx", "completion", "completion_ids", "logprobs",
+           "policy_version_start", "reward", "kept", "dropped_by", "advantage"]
+
+
+@pytest.fixture(scope="module")
+def engine_workers(prefect_server: Any, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[list[subprocess.Popen]]:
+    """Two `gfcr engine-worker --pool POOL` processes on the test server, sharing this
+    process's Prefect result storage."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    logs = tmp_path_factory.mktemp("engine-workers")
+    env = {**os.environ, "PREFECT_API_URL": str(settings.api.url),
+           "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(settings.results.local_storage_path),
+           "PREFECT_LOGGING_LEVEL": "INFO"}
+    procs = []
+    for name in WORKERS:
+        with open(logs / f"{name}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", "from gfcr.cli import main; main()", "engine-worker",
+                 "--pool", POOL, "--name", name, "--import", "tests.resources.digits"], cwd=REPO, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _rows(root: Path, run_id: str) -> list[dict[str, Any]]:
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        table = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{run_id}' "
+                      "ORDER BY step, prompt, sample_idx")
+    return table.select(COMPARE).to_pylist()
+
+
+def _ran_on(names: set[str]) -> dict[str, tuple[str, str]]:
+    """Call name -> (engine worker, final state) of the pool's task runs: each worker
+    renames the task run it takes ``NAME @ WORKER``."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    signed = sorted(f"{n} @ {w}" for n in names for w in WORKERS)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(
+            name=TaskRunFilterName(any_=signed)))
+    return {r.name.split(" @ ")[0]: (r.name.split(" @ ")[1], r.state.type.value)
+            for r in runs if r.task_key.startswith(f"gfcr_generate__{POOL}")}
+
+
+def test_generate_runs_on_the_workers_with_the_in_process_rollouts(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # one-token answers to the digits task: some groups are not flat, so a step trains
+    # and a later step's call names a new weights version
+    pipeline = tiny_pipeline(steps=3, task=Digits()).with_overrides(["group.max_tokens=1"])
+    local = execute(pipeline, root=tmp_path / "local", executor="local")
+    remote = execute(pipeline, root=tmp_path / "remote", executor="prefect",
+                     generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    a, b = _rows(tmp_path / "local", local.run_id), _rows(tmp_path / "remote", remote.run_id)
+    assert len(a) == 3 * 16 and a == b
+    versions = {r["policy_version_start"] for r in b}
+    assert max(versions) >= 1  # the workers loaded a version the learner published
+    assert remote.accuracy_after == local.accuracy_after
+    names = {f"group[step={step}]" for step in range(3)}
+    ran_on = _ran_on(names)
+    assert set(ran_on) == names
+    assert all(state == "COMPLETED" for _, state in ran_on.values())
+    # the published weights: the versions the calls named, the newest kept
+    published = sorted(p.name for p in (tmp_path / "remote" / "weights" /
+                                         remote.run_id).iterdir())
+    assert published == [f"v{v:06d}" for v in sorted(versions)]
+    assert not (tmp_path / "remote" / "staging" / remote.run_id).exists()
+
+
+def test_no_worker_on_the_pool_fails_at_the_timeout_naming_it(
+        tmp_path: Path, prefect_server: Any) -> None:
+    warnings: list[str] = []
+
+    class Warned:
+        def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
+            warnings.append(message)
+
+    with pytest.raises(NoEngineWorker, match=r"group\[step=0\]: no engine worker of pool "
+                                             r"'nobody' took the call within 3 s"):
+        execute(tiny_pipeline(steps=1), root=tmp_path, executor="local", hooks=[Warned()],
+                generate_pool=GeneratePool(pool="nobody", timeout_s=3, warn_s=1))
+    assert any("waiting for an engine worker of pool 'nobody'" in w for w in warnings)
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        status = s.sql("SELECT status, error FROM runs").to_pylist()
+    assert status[0]["status"] == "failed" and "nobody" in status[0]["error"]
+
+
+def test_a_worker_on_other_code_refuses_naming_both_hashes(tmp_path: Path) -> None:
+    from gfcr.remote.worker import run_call
+
+    p = tiny_pipeline()
+    call = GenerateCall(run_id="r", step=0, seed=0, stage=p.stages[1].model_dump(mode="json"),
+                        policy=p.policy.model_dump(mode="json"),
+                        engine=p.engine.model_dump(mode="json"),
+                        task=p.task.model_dump(mode="json"), policy_version=0,
+                        weights=str(tmp_path), plan=str(tmp_path / "plan.parquet"),
+                        out=str(tmp_path / "out.parquet"), code_hash="0123456789abcdef",
+                        spec_hash="fedcba9876543210")
+    with pytest.raises(Refused, match=f"worker code {code_hash()}, run code 0123456789abcdef"):
+        run_call(call)
+    same_code = call.model_copy(update={"code_hash": code_hash()})
+    with pytest.raises(Refused, match=r"worker spec [0-9a-f]{16}, run spec fedcba9876543210"):
+        run_call(same_code)
+    assert not (tmp_path / "out.parquet").exists()
