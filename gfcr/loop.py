@@ -86,6 +86,10 @@ class RemoteGenerator(Protocol):
     def generate(self, ctx: StepContext, gen: Generate, plan: pa.Table,
                  hooks: list[OnSegment], engine: Engine) -> pa.Table: ...
 
+    def step_metrics(self, ctx: StepContext, rollouts: pa.Table) -> dict[str, float]:
+        """Metrics of the step's remote calls (staleness, times)."""
+        ...
+
 
 @dataclass
 class Runtime:
@@ -183,6 +187,8 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         metrics.update(train_metrics)
     final = rt.stash.get(ref)
     metrics.update(rollout_metrics(final))
+    if rt.remote is not None:
+        metrics.update(rt.remote.step_metrics(ctx, final))
     metrics["policy_version"] = float(rt.engine.version)
     metrics.update({f"time/{label}": seconds for label, seconds in clock.wall.items()})
     metrics["step_seconds"] = time.perf_counter() - started

@@ -181,7 +181,7 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
         try:
             _emit(hooks, "on_phase", phase="building the policy and the task")
             rt, policy = _build(pipeline, run_id, stash, store, commits)
-            rt.remote = pool and for_run(pool, pipeline, run_id, root, policy, lambda m: _emit(
+            rt.remote = for_run(pool, rt, run_id, root, policy, lambda m: _emit(
                 hooks, "on_warning", message=m, count=1))
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
                                   commits, stop), started, resumed)

@@ -140,3 +140,29 @@ def test_a_worker_on_other_code_refuses_naming_both_hashes(tmp_path: Path) -> No
     with pytest.raises(Refused, match=r"worker spec [0-9a-f]{16}, run spec fedcba9876543210"):
         run_call(same_code)
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_async_steps_generate_ahead_with_weights_at_most_k_versions_old(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    k = 1
+    pipeline = tiny_pipeline(steps=4, task=Digits(), max_staleness=k).with_overrides(
+        ["group.max_tokens=1"])
+    summary = execute(pipeline, root=tmp_path, executor="local",
+                      generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    history = summary.history
+    assert len(history) == 4 and summary.rollouts == 4 * 16
+    lags = [m["staleness/max"] for m in history]
+    assert all(0 <= lag <= k for lag in lags) and max(lags) == k  # a step trained on stale rows
+    rows = _rows(tmp_path, summary.run_id)
+    for step, metrics in enumerate(history):
+        # each row keeps the version it was generated with, at most k behind its step's
+        version = metrics["policy_version"] - (1 if "train/lr" in metrics else 0)
+        starts = [r["policy_version_start"] for r in rows if r["step"] == step]
+        assert all(version - k <= v <= version for v in starts)
+    stale = [m for m, lag in zip(history, lags) if lag > 0 and "train/offpolicy_share" in m]
+    assert all(m["train/offpolicy_share"] > 0 for m in stale)
+
+
+def test_async_steps_need_a_pool(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_staleness=1 needs a generate pool"):
+        execute(tiny_pipeline(steps=1, max_staleness=1), root=tmp_path, executor="local")
