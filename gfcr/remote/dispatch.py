@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gfcr.remote.ahead import plan_ahead, staleness
 from gfcr.remote.call import GenerateCall, check_pool, code_hash, read_parquet, spec_hash
+from gfcr.remote.worker import BEAT
 from gfcr.weights import WeightStore, directory
 
 log = logging.getLogger("gfcr.remote")
@@ -48,6 +49,9 @@ class GeneratePool(BaseModel):
     """Fail a call that no worker finished within this many seconds."""
     warn_s: float = Field(10.0, ge=0)
     """Say that the run waits for a worker once a call is queued this long."""
+    lost_s: float = Field(30.0, gt=0)
+    """A running call whose worker's heartbeat is this old is sent again (a worker killed
+    mid-task); the step uses whichever attempt finishes, and only the run commits."""
     keep: int = Field(3, ge=2)
     """Published weight versions kept (gfcr.weights)."""
 
@@ -80,6 +84,8 @@ class _Sent:
     future: Any
     plan: pa.Table
     sent: float
+    delay_s: float
+    """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
 
 
 class RemoteGenerate:
@@ -100,6 +106,7 @@ class RemoteGenerate:
         self.weights = WeightStore(directory(root, run_id), keep=keep)
         self.staging = Path(root).resolve() / "staging" / run_id / "remote"
         self.published: int | None = None
+        self.publish_s = 0.0  # publishing weights since the last step's metrics
         self.notify = notify or log.warning
         self.ahead: dict[int, _Sent] = {}
         self.reports: list[dict[str, Any]] = []
@@ -119,9 +126,9 @@ class RemoteGenerate:
             sent = self._send(ctx, gen, plan, hooks, engine)
         if ctx.round == 0:
             self._send_ahead(ctx.step, gen, hooks, engine)
-        report = self._wait(sent.future, sent.call.name)
-        report.update(name=sent.call.name, step=ctx.step, wall_s=time.perf_counter() - sent.sent,
-                      version=sent.call.policy_version)
+        report = self._wait(sent)
+        report.update(name=sent.call.name, step=ctx.step, delay_s=sent.delay_s,
+                      wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
         self.reports.append(report)
         return read_parquet(report["out"])
 
@@ -129,8 +136,9 @@ class RemoteGenerate:
         """The step's staleness (versions behind the step's) and its calls' times."""
         mine = [r for r in self.reports if r["step"] == ctx.step]
         metrics = staleness(rollouts, ctx.policy_version)
-        metrics["remote/worker_s"] = sum(r["worker_s"] for r in mine)
-        metrics["remote/wall_s"] = sum(r["wall_s"] for r in mine)
+        for key in ("worker_s", "wall_s", "delay_s", "load_s"):
+            metrics[f"remote/{key}"] = sum(r[key] for r in mine)
+        metrics["remote/publish_s"], self.publish_s = self.publish_s, 0.0
         return metrics
 
     def _send_ahead(self, step: int, gen: Any, hooks: list[Any], engine: Any) -> None:
@@ -148,9 +156,10 @@ class RemoteGenerate:
         started = time.perf_counter()
         call = self._call(ctx, gen, hooks, engine)
         write_parquet(call.plan, plan)
+        delaying = time.perf_counter()
         future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
             name=call.name, call=call.model_dump(mode="json")))
-        return _Sent(call, future, plan, started)
+        return _Sent(call, future, plan, started, time.perf_counter() - delaying)
 
     def _drop(self, sent: _Sent) -> None:
         """Forget a call sent ahead: delete its task run if no worker took it yet."""
@@ -164,7 +173,9 @@ class RemoteGenerate:
     def _call(self, ctx: Any, gen: Any, hooks: list[Any], engine: Any) -> GenerateCall:
         version = int(engine.version)
         if self.published != version:
+            publishing = time.perf_counter()
             self.weights.publish(self.policy.model, version, self.run_id)
+            self.publish_s += time.perf_counter() - publishing
             self.published = version
         dumps = dict(stage=gen.model_dump(mode="json"),
                      hooks=tuple(h.model_dump(mode="json") for h in hooks),
@@ -179,29 +190,29 @@ class RemoteGenerate:
                             out=str(self.staging / f"{stem}-rollouts.parquet"),
                             code_hash=code_hash(), spec_hash=spec_hash(**dumps), **dumps)
 
-    def _wait(self, future: Any, name: str) -> dict[str, Any]:
-        """The task run's result, waiting at most ``timeout_s``; NoEngineWorker naming
-        the pool when no worker took it, TimeoutError when one took it but ran too long."""
+    def _wait(self, sent: _Sent) -> dict[str, Any]:
+        """The call's result, waiting at most ``timeout_s`` (from its last sending):
+        NoEngineWorker naming the pool when no worker took it, TimeoutError when one took
+        it and ran too long; sent again when its worker's heartbeat stops (``lost_s``)."""
         from prefect import get_client
 
-        pool, limit = self.placement.pool, self.placement.timeout_s
+        pool, limit, name = self.placement.pool, self.placement.timeout_s, sent.call.name
         started, warned = time.monotonic(), False
         with get_client(sync_client=True) as client:
             while True:
-                state = client.read_task_run(future.task_run_id).state
+                state = client.read_task_run(sent.future.task_run_id).state
                 if state is not None and state.is_final():
-                    return dict(future.result())
+                    return dict(sent.future.result())
                 waited = time.monotonic() - started
-                queued = state is None or state.is_scheduled()
+                queued = state is None or state.is_scheduled() or state.is_pending()
+                if not queued and self._lost(sent.call, waited):
+                    self.notify(f"{name}: the engine worker of pool {pool!r} running it "
+                                f"stopped signalling for {self.placement.lost_s:g} s; "
+                                "sending the call again")
+                    sent, started = self._again(sent), time.monotonic()
+                    continue
                 if waited >= limit:
-                    if queued:
-                        client.delete_task_run(future.task_run_id)
-                        raise NoEngineWorker(
-                            f"{name}: no engine worker of pool {pool!r} took the call within "
-                            f"{limit:g} s; start one with `gfcr engine-worker --pool {pool}` "
-                            "(same Prefect API and result storage), or raise the timeout")
-                    raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
-                                       f"finish within {limit:g} s")
+                    self._give_up(client, sent, name, queued)
                 if queued and not warned and waited >= self.placement.warn_s:
                     warned = True
                     self.notify(f"{name}: waiting for an engine worker of pool {pool!r} "
@@ -210,7 +221,36 @@ class RemoteGenerate:
                 if state is None:  # between Prefect's events and its API: ask again
                     time.sleep(0.2)
                 else:
-                    future.wait(timeout=min(2.0, max(0.1, limit - waited)))
+                    sent.future.wait(timeout=min(1.0, max(0.1, limit - waited)))
+
+    def _lost(self, call: GenerateCall, waited: float) -> bool:
+        """Whether the worker running ``call`` stopped its heartbeat (none yet: counted
+        from when the run started waiting)."""
+        beat = Path(call.out + BEAT)
+        age = time.time() - beat.stat().st_mtime if beat.exists() else waited
+        return age > self.placement.lost_s
+
+    def _again(self, sent: _Sent) -> _Sent:
+        """``sent``'s call sent once more, writing to a new output file."""
+        from gfcr.remote.worker import pool_task
+
+        out = f"{sent.call.out.removesuffix('.parquet')}-again{secrets.token_hex(2)}.parquet"
+        call = sent.call.model_copy(update={"out": out})
+        delaying = time.perf_counter()
+        future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
+            name=call.name, call=call.model_dump(mode="json")))
+        return _Sent(call, future, sent.plan, sent.sent, time.perf_counter() - delaying)
+
+    def _give_up(self, client: Any, sent: _Sent, name: str, queued: bool) -> None:
+        pool, limit = self.placement.pool, self.placement.timeout_s
+        if queued:
+            client.delete_task_run(sent.future.task_run_id)
+            raise NoEngineWorker(
+                f"{name}: no engine worker of pool {pool!r} took the call within "
+                f"{limit:g} s; start one with `gfcr engine-worker --pool {pool}` "
+                "(same Prefect API and result storage), or raise the timeout")
+        raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
+                           f"finish within {limit:g} s")
 
 
 def _outside_runs(submit: Callable[[], Any]) -> Any:

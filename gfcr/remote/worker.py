@@ -25,12 +25,17 @@ import time
 import types
 from pathlib import Path
 from collections import OrderedDict
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from gfcr.remote.call import (GenerateCall, Refused, check_pool, code_hash, read_parquet,
                               spec_hash, write_parquet)
 
 log = logging.getLogger("gfcr.engine_worker")
+
+BEAT, BEAT_S = ".beat", 1.0
+"""A running call's heartbeat: a file beside its output, touched every BEAT_S seconds, by
+which the run tells a lost worker (killed, its host gone) from a slow one."""
 
 CACHED_ENGINES = 2
 """Engines a worker keeps loaded (one per run and policy config), oldest dropped first."""
@@ -112,6 +117,28 @@ def _dump(kind: Any, data: dict[str, Any]) -> dict[str, Any]:
     return lookup(kind, data["type"]).model_validate(data).model_dump(mode="json")
 
 
+@contextmanager
+def _beating(path: str) -> Iterator[None]:
+    """Touch ``path`` (holding this worker's name) every BEAT_S seconds while the block
+    runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            Path(path).touch()
+            if stop.wait(BEAT_S):
+                return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(WORKER)  # which worker runs the call
+    thread = threading.Thread(target=beat, name="gfcr-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run_call(call: GenerateCall) -> dict[str, Any]:
     """Run one call on this worker; what it reports (output path, rows, worker, times)."""
     from gfcr.loop import SegmentHooks
@@ -119,9 +146,11 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
 
     started = time.perf_counter()
     stage, hooks = check(call)
-    with ENGINES.lock:
+    with ENGINES.lock, _beating(call.out + BEAT):
         loaded = ENGINES.get(call)
+        loading = time.perf_counter()
         fresh = loaded.at_version(call)
+        load_s = time.perf_counter() - loading
         ctx = StepContext(run_id=call.run_id, step=call.step, seed=call.seed,
                           policy_version=call.policy_version, task=loaded.task,
                           round=call.round, quota=call.quota)
@@ -132,7 +161,7 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
         generated = time.perf_counter() - generating
     write_parquet(call.out, table)
     return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
-            "loaded_version": fresh, "generate_s": generated,
+            "loaded_version": fresh, "load_s": load_s, "generate_s": generated,
             "worker_s": time.perf_counter() - started}
 
 

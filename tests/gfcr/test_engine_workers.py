@@ -7,6 +7,7 @@ The two workers start once for the module (a worker start costs seconds)."""
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,48 @@ def test_async_steps_generate_ahead_with_weights_at_most_k_versions_old(
 def test_async_steps_need_a_pool(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_staleness=1 needs a generate pool"):
         execute(tiny_pipeline(steps=1, max_staleness=1), root=tmp_path, executor="local")
+
+
+def test_kill_a_worker_mid_task_the_call_runs_again_and_every_rollout_is_stored_once(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    """Last in the module: it kills one of the two workers."""
+    import signal
+    import threading
+
+    # a longer generation (64 samples of 16 tokens) to kill a worker in
+    pipeline = tiny_pipeline(steps=2).with_overrides(["uniform.batch=16",
+                                                      "group.max_tokens=16"])
+    done: dict[str, Any] = {}
+    warnings: list[str] = []
+
+    class Warned:
+        def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
+            warnings.append(message)
+
+    def run() -> None:
+        try:
+            done["summary"] = execute(pipeline, root=tmp_path, executor="local",
+                                      hooks=[Warned()], generate_pool=GeneratePool(
+                                          pool=POOL, timeout_s=240, warn_s=120, lost_s=5))
+        except BaseException as exc:  # reported below
+            done["error"] = exc
+    runner = threading.Thread(target=run)
+    runner.start()
+    # a running call's heartbeat file names its worker: kill that one mid-task
+    victim = None
+    while victim is None and runner.is_alive():
+        for beat in tmp_path.glob("staging/*/remote/0-0-*.beat"):
+            name = beat.read_text()
+            if name in WORKERS:
+                victim = WORKERS.index(name)
+        time.sleep(0.02)
+    assert victim is not None, done
+    engine_workers[victim].send_signal(signal.SIGKILL)
+    engine_workers[victim].wait()
+    runner.join(timeout=300)
+    assert "summary" in done, done
+    assert any("stopped signalling" in w and "sending the call again" in w for w in warnings)
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        counts = s.sql("SELECT step, count(*) AS n, count(DISTINCT rollout_id) AS ids "
+                       "FROM rollouts GROUP BY step ORDER BY step").to_pylist()
+    assert counts == [{"step": 0, "n": 64, "ids": 64}, {"step": 1, "n": 64, "ids": 64}]
