@@ -106,6 +106,42 @@ def test_generate_runs_on_the_workers_with_the_in_process_rollouts(
     assert not (tmp_path / "remote" / "staging" / remote.run_id).exists()
 
 
+def test_in_flight_hooks_run_on_the_workers(tmp_path: Path,
+                                             engine_workers: list[subprocess.Popen]) -> None:
+    # the token budget stops what is in flight once the step's budget is spent (its
+    # on_segment hook, on the worker); the stopped ones come back the next step
+    # (RecyclePartials) and continue from their stored tokens
+    from stages import (GRPO, GroupSample, RecyclePartials, TokenBudget, UniformSampler,
+                        Verify)
+
+    pipeline = tiny_pipeline(steps=2, stages=[
+        RecyclePartials(), UniformSampler(batch=6),
+        TokenBudget(budget=60, split="off", abort="stop"),
+        GroupSample(n=4, max_tokens=8, segment_tokens=2), Verify(), GRPO(lr=1e-3)])
+    local = execute(pipeline, root=tmp_path / "local", executor="local")
+    remote = execute(pipeline, root=tmp_path / "remote", executor="local",
+                     generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    columns = ["step", "prompt", "sample_idx", "completion", "status", "finish_reason",
+               "parent_id", "policy_version_start"]
+    with RolloutStore.open(tmp_path / "local" / "store", read_only=True) as s:
+        a = s.sql("SELECT * FROM rollouts ORDER BY step, prompt, sample_idx, status")
+    with RolloutStore.open(tmp_path / "remote" / "store", read_only=True) as s:
+        b = s.sql("SELECT * FROM rollouts ORDER BY step, prompt, sample_idx, status")
+    assert "partial" in a.column("status").to_pylist()  # the hook stopped some in flight
+    keep = [c for c in columns if c != "parent_id"]  # ids name the run
+    step0 = [r for r in a.select(keep).to_pylist() if r["step"] == 0]
+    assert step0 == [r for r in b.select(keep).to_pylist() if r["step"] == 0]
+    # step 1 continues the stopped ones on the worker; which continuation lands on which
+    # prompt follows the order RecyclePartials reads them from each run's own store,
+    # which two stores do not share, so only the rows' identities are compared
+    continued = [r for r in b.select(columns).to_pylist() if r["parent_id"] is not None]
+    assert continued and all(r["step"] == 1 for r in continued)
+    ident = ["step", "prompt", "sample_idx", "status"]
+    assert sorted(map(str, a.select(ident).to_pylist())) == sorted(
+        map(str, b.select(ident).to_pylist()))
+    assert remote.accuracy_after == local.accuracy_after
+
+
 def test_no_worker_on_the_pool_fails_at_the_timeout_naming_it(
         tmp_path: Path, prefect_server: Any) -> None:
     warnings: list[str] = []
