@@ -89,10 +89,7 @@ def run(
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        summary = cli_run.run(request, executor, hooks=[bars],
-                              notify=lambda why: err.print(
-                                  f"{why}: stopping after the step under way "
-                                  "(again to stop at once)"))
+        summary = cli_run.run(request, executor, hooks=[bars], notify=_stopping)
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -106,11 +103,15 @@ def run(
     finally:
         bars.close()
     if as_json:
-        data = summary.as_dict()
-        data.pop("history")
+        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
+
+
+def _stopping(why: str) -> None:
+    """What ``gfcr run`` says when asked to stop (gfcr.cancel)."""
+    err.print(f"{why}: stopping after the step under way (again to stop at once)")
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
