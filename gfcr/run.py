@@ -140,8 +140,7 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     written. ``store`` is an open RolloutStore (None: open the one under ``root``).
     ``executor`` is an :class:`~gfcr.executors.Executor` or its name ("prefect",
     "local"). When ``stop`` is requested the run ends at the next step boundary and
-    raises :class:`~gfcr.cancel.RunCancelled` (see :mod:`gfcr.cancel`). ``generate_pool``
-    sends the generate stage to engine workers (gfcr.remote.dispatch.for_run).
+    raises :class:`~gfcr.cancel.RunCancelled` (see :mod:`gfcr.cancel`).
     """
     lake = storage.backend()
     root = Path(root).resolve()
