@@ -44,9 +44,6 @@ RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume')
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
 
-POOL_HELP = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
-POOL_TIMEOUT_HELP = "With --generate-pool: fail a step no worker finished in this many s."
-
 
 @app.command()
 def run(
@@ -63,8 +60,8 @@ def run(
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
-    generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=POOL_HELP),
-    generate_timeout: float = typer.Option(600.0, help=POOL_TIMEOUT_HELP),
+    generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
+    generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -89,7 +86,7 @@ def run(
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        summary = cli_run.run(request, executor, hooks=[bars], notify=_stopping)
+        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -107,11 +104,6 @@ def run(
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
-
-
-def _stopping(why: str) -> None:
-    """What ``gfcr run`` says when asked to stop (gfcr.cancel)."""
-    err.print(f"{why}: stopping after the step under way (again to stop at once)")
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],

@@ -6,6 +6,10 @@ from typing import Optional
 
 import typer
 
+POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
+POOL_TIMEOUT = "With --generate-pool: fail a step no worker finished in this many s."
+"""``gfcr run``'s help for its engine-worker options."""
+
 
 def engine_worker(
     pool: str = typer.Option(..., "--pool", help="The pool to serve (runs name it with "
