@@ -249,3 +249,15 @@ def test_kill_a_worker_mid_task_the_call_runs_again_and_every_rollout_is_stored_
         counts = s.sql("SELECT step, count(*) AS n, count(DISTINCT rollout_id) AS ids "
                        "FROM rollouts GROUP BY step ORDER BY step").to_pylist()
     assert counts == [{"step": 0, "n": 64, "ids": 64}, {"step": 1, "n": 64, "ids": 64}]
+
+
+def test_an_engine_worker_refuses_a_bad_pool_name_or_no_api_server(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path)  # no profile that names a server
+    worker = [sys.executable, "-c", "from gfcr.cli import main; main()", "engine-worker"]
+    bad = subprocess.run([*worker, "--pool", "a.b"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "engine pool name 'a.b' may hold only" in bad.stderr
+    alone = subprocess.run([*worker, "--pool", "gpu"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert alone.returncode == 2 and "needs a Prefect API server" in alone.stderr
