@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr import cli_deploy
+from gfcr import cli_deploy, cli_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -60,6 +60,8 @@ def run(
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
+    generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
+    generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -78,14 +80,12 @@ def run(
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
-                         tracking=tracking, track=track)
+                         tracking=tracking, track=track, generate_pool=generate_pool,
+                         generate_timeout=generate_timeout)
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        summary = cli_run.run(request, executor, hooks=[bars],
-                              notify=lambda why: err.print(
-                                  f"{why}: stopping after the step under way "
-                                  "(again to stop at once)"))
+        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -99,8 +99,7 @@ def run(
     finally:
         bars.close()
     if as_json:
-        data = summary.as_dict()
-        data.pop("history")
+        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
@@ -199,6 +198,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
 
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
+app.command("engine-worker")(cli_workers.engine_worker)
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout store.")

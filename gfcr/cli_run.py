@@ -31,6 +31,12 @@ def run(request: RunRequest, executor: str, *, hooks: list[Any],
         return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
 
 
+def stopping(console: Any) -> Callable[[str], None]:
+    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.cancel)."""
+    return lambda why: console.print(
+        f"{why}: stopping after the step under way (again to stop at once)")
+
+
 def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
     _shielded_temporary_server()
     token = extra_hooks.set(tuple(hooks))

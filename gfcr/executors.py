@@ -97,8 +97,16 @@ class _Tasks:
             retries = 2 if label in self.retried else 0
             self.built[label] = task(name=label, task_run_name="{name}",
                                      retries=retries, retry_delay_seconds=1,
+                                     retry_condition_fn=_retryable,
                                      cache_policy=NO_CACHE, persist_result=False)(_invoke)
         return self.built[label]
+
+
+def _retryable(task: Any, task_run: Any, state: Any) -> bool:
+    """Whether a failed call may be retried: not when its error says a retry cannot help
+    (an attribute ``gfcr_retry = False``: no engine worker on a pool, a refused call)."""
+    error = state.data  # a failed call's state holds its exception
+    return getattr(error, "gfcr_retry", True) is not False
 
 
 def _summary_artifact(result: Any, run_id: str) -> None:

@@ -68,6 +68,10 @@ class RunRequest(BaseModel):
     tracking: str | None = None
     """MLflow tracking URI (None: SQLite under the root)."""
     track: bool = True
+    generate_pool: str | None = None
+    """Run the generate stage on this pool's engine workers (None: in-process)."""
+    generate_timeout: float = 600.0
+    """With ``generate_pool``: seconds a step's call may wait for a worker and run."""
 
 
 def resolve(request: RunRequest, store: Any) -> Pipeline:
@@ -122,21 +126,33 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
             named(run_id)
         tracked = [MlflowHook(request.tracking)] if request.track else []
         return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
-                       hooks=[*hooks, *tracked], store=store, stop=stop)
+                       hooks=[*hooks, *tracked], store=store, stop=stop,
+                       generate_pool=_placement(request))
     finally:
         store.close()
+
+
+def _placement(request: RunRequest) -> Any:
+    """The request's generate pool (gfcr.remote.dispatch.GeneratePool), or None."""
+    if request.generate_pool is None:
+        return None
+    from gfcr.remote.dispatch import GeneratePool
+
+    return GeneratePool(pool=request.generate_pool, timeout_s=request.generate_timeout)
 
 
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False)
 def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = None,
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
-                  track: bool = True) -> Any:
+                  track: bool = True, generate_pool: str | None = None,
+                  generate_timeout: float = 600.0) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
-                         tracking=tracking, track=track)
+                         tracking=tracking, track=track, generate_pool=generate_pool,
+                         generate_timeout=generate_timeout)
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))

@@ -76,6 +76,17 @@ class Committer(Protocol):
                  policy_version: int, metrics: dict[str, float]) -> Committed: ...
 
 
+class RemoteGenerator(Protocol):
+    """A generate stage run out of process: the raw rollouts of ``gen`` on ``plan``."""
+
+    def generate(self, ctx: StepContext, gen: Generate, plan: pa.Table,
+                 hooks: list[OnSegment], engine: Engine) -> pa.Table: ...
+
+    def step_metrics(self, ctx: StepContext, rollouts: pa.Table) -> dict[str, float]:
+        """Metrics of the step's remote calls (staleness, times)."""
+        ...
+
+
 @dataclass
 class Runtime:
     """What the loop drives: the pipeline and the live objects built from it."""
@@ -93,6 +104,9 @@ class Runtime:
     returns). It returns at once; the executor keeps commits in step order and finishes
     each before the next step's history is read, before a checkpoint and before the run
     ends (gfcr.run). The commit's inputs are fixed when it is handed over."""
+    remote: RemoteGenerator | None = None
+    """Runs the generate stage elsewhere (gfcr.remote.dispatch: on engine workers);
+    None: on ``engine`` in this process."""
 
 
 @dataclass
@@ -169,6 +183,8 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         metrics.update(train_metrics)
     final = rt.stash.get(ref)
     metrics.update(rollout_metrics(final))
+    if rt.remote is not None:
+        metrics.update(rt.remote.step_metrics(ctx, final))
     metrics["policy_version"] = float(rt.engine.version)
     metrics.update({f"time/{label}": seconds for label, seconds in clock.wall.items()})
     metrics["step_seconds"] = time.perf_counter() - started
@@ -280,8 +296,11 @@ def _generate_fn(rt: Runtime, ctx: StepContext, gen: Generate) -> Callable:
     hooks = ON_SEGMENT.of(rt.pipeline.stages)
 
     def fn(ref: TableRef) -> TableRef:
-        on_segment = SegmentHooks(ctx, hooks) if hooks else None
-        table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment)
+        if rt.remote is not None:
+            table = rt.remote.generate(ctx, gen, rt.stash.get(ref), hooks, rt.engine)
+        else:
+            on_segment = SegmentHooks(ctx, hooks) if hooks else None
+            table = gen.generate(ctx, rt.stash.get(ref), rt.engine, on_segment)
         table = conform(table, where=f"output of generate stage {gen.label!r}")
         return rt.stash.put(_key(ctx, gen.label), _mark_unfinished(table, gen.label))
     return fn

@@ -59,6 +59,10 @@ class Pipeline(Spec):
     stages: tuple[Any, ...]
     evaluation: Evaluation = Evaluation()
     checkpoint: Checkpointing = Checkpointing()
+    max_staleness: int = Field(0, ge=0)
+    """With a generate pool: the batches of the next ``max_staleness`` steps are generated
+    while a step trains, with weights up to that many versions old (gfcr.remote.ahead); 0
+    is synchronous. Stored in the spec only when set, so older specs keep their hash."""
 
     def __init__(self, **data: Any) -> None:
         collection = collect.active()
@@ -108,6 +112,8 @@ class Pipeline(Spec):
         out["stages"] = [s.model_dump(mode="json") for s in self.stages]
         out["evaluation"] = self.evaluation.model_dump(mode="json")
         out["checkpoint"] = self.checkpoint.model_dump(mode="json")
+        if self.max_staleness:
+            out["max_staleness"] = self.max_staleness
         return out
 
     def to_yaml(self) -> str:

@@ -1,0 +1,5 @@
+"""Engine workers: a run's generate stage on long-lived worker processes (issue 16).
+
+:mod:`gfcr.remote.call` (the call as data), :mod:`gfcr.remote.worker` (the worker side,
+``gfcr engine-worker``), :mod:`gfcr.remote.dispatch` (the run side, ``--generate-pool``).
+"""

@@ -1,0 +1,119 @@
+"""A generate stage call as data: what travels from a run to an engine worker.
+
+A :class:`GenerateCall` holds only plain data: the stage's config and those of the
+in-flight hooks, policy, engine and task (each as its ``model_dump``), the step, the
+policy version to generate with, and where the tables are: the plan as a Parquet file in
+the run's staging folder (beside the store), the place to write the rollouts, and the
+folder of published weights (:mod:`gfcr.weights`). Tables never go through Prefect's API;
+the call itself is a few kilobytes in Prefect's result storage.
+
+Two hashes guard it. ``code_hash`` is the hash of the gfcr, stages and store sources the
+run was started with; ``spec_hash`` the hash of the configs as the run validated them. A
+worker recomputes both on its side (re-validating the configs with its own classes) and
+refuses a call whose hashes differ from its own, naming both (:class:`Refused`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+POOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+CODE_PACKAGES = ("gfcr", "stages", "store")
+
+
+class Refused(RuntimeError):
+    """An engine worker will not run a call made on other code or other specs."""
+
+    gfcr_retry = False  # the same worker refuses again (gfcr.executors)
+
+
+class GenerateCall(BaseModel):
+    """One generate stage call of one step's round, as an engine worker receives it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    step: int
+    round: int = 0
+    quota: int | None = None
+    seed: int
+    """The run's seed: the stage seeds its sampling from (seed, step, round, label)."""
+    stage: dict[str, Any]
+    hooks: tuple[dict[str, Any], ...] = ()
+    """The on_segment control stages, run on the worker between segments."""
+    policy: dict[str, Any]
+    engine: dict[str, Any]
+    task: dict[str, Any]
+    policy_version: int
+    weights: str
+    """Folder of the run's published weight versions (gfcr.weights.WeightStore)."""
+    plan: str
+    """Parquet file of the plan (the prompts with ``n`` and ``max_tokens``)."""
+    out: str
+    """Where the worker writes the rollouts (Parquet)."""
+    code_hash: str
+    spec_hash: str
+
+    @property
+    def name(self) -> str:
+        """The task run's name: the stage call's, as the in-process loop names it."""
+        label = self.stage.get("name") or self.stage["type"]
+        suffix = f",round={self.round}" if self.round else ""
+        return f"{label}[step={self.step}{suffix}]"
+
+
+def check_pool(pool: str) -> str:
+    """``pool`` if it is a usable pool name (it becomes part of a Prefect task key)."""
+    if not POOL.fullmatch(pool):
+        raise ValueError(f"engine pool name {pool!r} may hold only letters, digits, '_' and "
+                         "'-', start with a letter or digit, and be at most 64 long")
+    return pool
+
+
+def spec_hash(stage: dict[str, Any], hooks: tuple[dict[str, Any], ...], policy: dict[str, Any],
+              engine: dict[str, Any], task: dict[str, Any]) -> str:
+    """sha256 (16 hex digits) of the configs' canonical JSON."""
+    canonical = json.dumps([stage, list(hooks), policy, engine, task], sort_keys=True,
+                           separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """sha256 (16 hex digits) of the Python sources of gfcr, stages and store as imported
+    here: two processes agree on it only when they run the same code."""
+    digest = hashlib.sha256()
+    for package in CODE_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        base = Path(list(spec.submodule_search_locations)[0])
+        for path in sorted(base.rglob("*.py")):
+            digest.update(f"{package}/{path.relative_to(base).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_parquet(path: str | Path, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` atomically (temporary file, then rename): a reader
+    never sees half a file, and a retried call overwrites its own output."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_parquet(path: str | Path) -> pa.Table:
+    return pq.read_table(path)

@@ -1,0 +1,267 @@
+"""The run side of engine workers: a run's generate stage sent to a pool.
+
+:class:`RemoteGenerate` stands in the loop's runtime (``Runtime.remote``): for each
+generate call of a step it publishes the policy's current weights when that version is
+not yet published (:mod:`gfcr.weights`), writes the plan as Parquet in the run's staging
+folder, submits one task run with ``.delay()`` (one per step's batch, never one per
+rollout) and waits for it, bounded: a run whose task no worker takes says so after
+``warn_s`` and fails after ``timeout_s`` naming the pool (Prefect's own ``.result()``
+would wait forever), deleting the queued task run so no worker runs it later.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gfcr.remote.ahead import plan_ahead, staleness
+from gfcr.remote.call import GenerateCall, check_pool, code_hash, read_parquet, spec_hash
+from gfcr.remote.worker import BEAT
+from gfcr.weights import WeightStore, directory
+
+log = logging.getLogger("gfcr.remote")
+
+
+class NoEngineWorker(TimeoutError):
+    """No engine worker took a call of the pool within the timeout."""
+
+    gfcr_retry = False  # a retry would wait the whole timeout again (gfcr.executors)
+
+
+class GeneratePool(BaseModel):
+    """Where a run's generate stage runs: on the engine workers of ``pool``.
+
+    A run option, not a pipeline field: it says where the work runs, not what it is, so
+    the same pipeline (and spec hash) gives the same rollouts in-process or on workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool: str
+    timeout_s: float = Field(600.0, gt=0)
+    """Fail a call that no worker finished within this many seconds."""
+    warn_s: float = Field(10.0, ge=0)
+    """Say that the run waits for a worker once a call is queued this long."""
+    lost_s: float = Field(30.0, gt=0)
+    """A running call whose worker's heartbeat is this old is sent again (a worker killed
+    mid-task); the step uses whichever attempt finishes, and only the run commits."""
+    keep: int = Field(3, ge=2)
+    """Published weight versions kept (gfcr.weights)."""
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        return check_pool(value)
+
+
+def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path, policy: Any,
+            notify: Callable[[str], None]) -> "RemoteGenerate | None":
+    """The generate stage of ``run_id`` (runtime ``rt``) on ``pool`` (a name: the
+    default timeouts); None without a pool, where ``max_staleness`` must be 0."""
+    if pool is None:
+        if rt.pipeline.max_staleness:
+            raise ValueError(f"pipeline {rt.pipeline.name!r}: max_staleness="
+                             f"{rt.pipeline.max_staleness} needs a generate pool (gfcr run "
+                             "--generate-pool POOL): steps overlap only on engine workers")
+        return None
+    placement = GeneratePool(pool=pool) if isinstance(pool, str) else pool
+    return RemoteGenerate(placement, rt=rt, run_id=run_id, root=root, policy=policy,
+                          notify=notify)
+
+
+@dataclass
+class _Sent:
+    """A call sent to the pool: its task run, and the plan it was sent with."""
+
+    call: GenerateCall
+    future: Any
+    plan: pa.Table
+    sent: float
+    delay_s: float
+    """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
+
+
+class RemoteGenerate:
+    """Sends one run's generate calls to ``placement.pool`` (see the module docstring);
+    with ``max_staleness = k > 0`` also the batches of the next k steps (gfcr.remote.ahead)."""
+
+    def __init__(self, placement: GeneratePool, *, rt: Any, run_id: str, root: Path,
+                 policy: Any, notify: Callable[[str], None] | None = None) -> None:
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            raise RuntimeError(f"generate pool {placement.pool!r} needs a Prefect API server "
+                               "that engine workers reach too: set PREFECT_API_URL")
+        self.placement, self.run_id, self.rt = placement, run_id, rt
+        self.pipeline = rt.pipeline
+        self.policy = policy  # the learner's live policy, whose weights are published
+        keep = max(placement.keep, self.pipeline.max_staleness + 2)
+        self.weights = WeightStore(directory(root, run_id), keep=keep)
+        self.staging = Path(root).resolve() / "staging" / run_id / "remote"
+        self.published: int | None = None
+        self.publish_s = 0.0  # publishing weights since the last step's metrics
+        self.notify = notify or log.warning
+        self.ahead: dict[int, _Sent] = {}
+        self.reports: list[dict[str, Any]] = []
+        """What each finished call's worker reported, with the call's name and wall time."""
+
+    def generate(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any],
+                 engine: Any) -> pa.Table:
+        """The rollouts of ``gen`` on ``plan``, generated by a worker of the pool (sent
+        ahead by an earlier step when its plan is this one)."""
+        sent = self.ahead.pop(ctx.step, None) if ctx.round == 0 else None
+        if sent is not None and not sent.plan.equals(plan):
+            self.notify(f"{sent.call.name}: the plan drawn ahead differs from the step's "
+                        "(a stage read newer history); generating it again")
+            self._drop(sent)
+            sent = None
+        if sent is None:
+            sent = self._send(ctx, gen, plan, hooks, engine)
+        if ctx.round == 0:
+            self._send_ahead(ctx.step, gen, hooks, engine)
+        report = self._wait(sent)
+        report.update(name=sent.call.name, step=ctx.step, delay_s=sent.delay_s,
+                      wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
+        self.reports.append(report)
+        return read_parquet(report["out"])
+
+    def step_metrics(self, ctx: Any, rollouts: pa.Table) -> dict[str, float]:
+        """The step's staleness (versions behind the step's) and its calls' times."""
+        mine = [r for r in self.reports if r["step"] == ctx.step]
+        metrics = staleness(rollouts, ctx.policy_version)
+        for key in ("worker_s", "wall_s", "delay_s", "load_s"):
+            metrics[f"remote/{key}"] = sum(r[key] for r in mine)
+        metrics["remote/publish_s"], self.publish_s = self.publish_s, 0.0
+        return metrics
+
+    def _send_ahead(self, step: int, gen: Any, hooks: list[Any], engine: Any) -> None:
+        last = min(step + self.pipeline.max_staleness, self.pipeline.steps - 1)
+        for later in range(step + 1, last + 1):
+            if later not in self.ahead:
+                ctx, plan = plan_ahead(self.rt, self.run_id, later, step)
+                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine)
+
+    def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any],
+              engine: Any) -> _Sent:
+        from gfcr.remote.call import write_parquet
+        from gfcr.remote.worker import pool_task
+
+        started = time.perf_counter()
+        call = self._call(ctx, gen, hooks, engine)
+        write_parquet(call.plan, plan)
+        delaying = time.perf_counter()
+        future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
+            name=call.name, call=call.model_dump(mode="json")))
+        return _Sent(call, future, plan, started, time.perf_counter() - delaying)
+
+    def _drop(self, sent: _Sent) -> None:
+        """Forget a call sent ahead: delete its task run if no worker took it yet."""
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            state = client.read_task_run(sent.future.task_run_id).state
+            if state is None or state.is_scheduled():
+                client.delete_task_run(sent.future.task_run_id)
+
+    def _call(self, ctx: Any, gen: Any, hooks: list[Any], engine: Any) -> GenerateCall:
+        version = int(engine.version)
+        if self.published != version:
+            publishing = time.perf_counter()
+            self.weights.publish(self.policy.model, version, self.run_id)
+            self.publish_s += time.perf_counter() - publishing
+            self.published = version
+        dumps = dict(stage=gen.model_dump(mode="json"),
+                     hooks=tuple(h.model_dump(mode="json") for h in hooks),
+                     policy=self.pipeline.policy.model_dump(mode="json"),
+                     engine=self.pipeline.engine.model_dump(mode="json"),
+                     task=self.pipeline.task.model_dump(mode="json"))
+        stem = f"{ctx.step}-{ctx.round}-{gen.label}-v{version}-{secrets.token_hex(3)}"
+        return GenerateCall(run_id=self.run_id, step=ctx.step, round=ctx.round,
+                            quota=ctx.quota, seed=self.pipeline.seed, policy_version=version,
+                            weights=str(self.weights.where.resolve()),
+                            plan=str(self.staging / f"{stem}-plan.parquet"),
+                            out=str(self.staging / f"{stem}-rollouts.parquet"),
+                            code_hash=code_hash(), spec_hash=spec_hash(**dumps), **dumps)
+
+    def _wait(self, sent: _Sent) -> dict[str, Any]:
+        """The call's result, waiting at most ``timeout_s`` (from its last sending):
+        NoEngineWorker naming the pool when no worker took it, TimeoutError when one took
+        it and ran too long; sent again when its worker's heartbeat stops (``lost_s``)."""
+        from prefect import get_client
+
+        pool, limit, name = self.placement.pool, self.placement.timeout_s, sent.call.name
+        started, warned = time.monotonic(), False
+        with get_client(sync_client=True) as client:
+            while True:
+                state = client.read_task_run(sent.future.task_run_id).state
+                if state is not None and state.is_final():
+                    return dict(sent.future.result())
+                waited = time.monotonic() - started
+                queued = state is None or state.is_scheduled() or state.is_pending()
+                if not queued and self._lost(sent.call, waited):
+                    self.notify(f"{name}: the engine worker of pool {pool!r} running it "
+                                f"stopped signalling for {self.placement.lost_s:g} s; "
+                                "sending the call again")
+                    sent, started = self._again(sent), time.monotonic()
+                    continue
+                if waited >= limit:
+                    self._give_up(client, sent, name, queued)
+                if queued and not warned and waited >= self.placement.warn_s:
+                    warned = True
+                    self.notify(f"{name}: waiting for an engine worker of pool {pool!r} "
+                                f"(none has taken the call for {waited:.0f} s; failing "
+                                f"after {limit:g} s)")
+                if state is None:  # between Prefect's events and its API: ask again
+                    time.sleep(0.2)
+                else:
+                    sent.future.wait(timeout=min(1.0, max(0.1, limit - waited)))
+
+    def _lost(self, call: GenerateCall, waited: float) -> bool:
+        """Whether the worker running ``call`` stopped its heartbeat (none yet: counted
+        from when the run started waiting)."""
+        beat = Path(call.out + BEAT)
+        age = time.time() - beat.stat().st_mtime if beat.exists() else waited
+        return age > self.placement.lost_s
+
+    def _again(self, sent: _Sent) -> _Sent:
+        """``sent``'s call sent once more, writing to a new output file."""
+        from gfcr.remote.worker import pool_task
+
+        out = f"{sent.call.out.removesuffix('.parquet')}-again{secrets.token_hex(2)}.parquet"
+        call = sent.call.model_copy(update={"out": out})
+        delaying = time.perf_counter()
+        future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
+            name=call.name, call=call.model_dump(mode="json")))
+        return _Sent(call, future, sent.plan, sent.sent, time.perf_counter() - delaying)
+
+    def _give_up(self, client: Any, sent: _Sent, name: str, queued: bool) -> None:
+        pool, limit = self.placement.pool, self.placement.timeout_s
+        if queued:
+            client.delete_task_run(sent.future.task_run_id)
+            raise NoEngineWorker(
+                f"{name}: no engine worker of pool {pool!r} took the call within "
+                f"{limit:g} s; start one with `gfcr engine-worker --pool {pool}` "
+                "(same Prefect API and result storage), or raise the timeout")
+        raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
+                           f"finish within {limit:g} s")
+
+
+def _outside_runs(submit: Callable[[], Any]) -> Any:
+    """``submit()`` with no Prefect flow or task run current: ``.delay()`` ships the
+    current run context to the worker, and a flow run's context holds the flow object,
+    which does not pickle when the flow closes over the live run (gfcr.executors). The
+    worker's task run is then not nested under the flow run; its name says the step."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    def bare() -> Any:
+        FlowRunContext.__var__.set(None)  # type: ignore[arg-type]
+        TaskRunContext.__var__.set(None)  # type: ignore[arg-type]
+        return submit()
+    return contextvars.copy_context().run(bare)

@@ -1,0 +1,237 @@
+"""Engine workers: long-lived processes that run generate stage calls for any run.
+
+``gfcr engine-worker --pool NAME`` serves the pool's Prefect task with
+``prefect.task_worker.serve`` (:func:`serve_pool`). Each call (:class:`GenerateCall`)
+names its run, configs and policy version; the worker builds the policy, engine and task
+from the configs once per (run, policy/engine/task config) and keeps them loaded between
+tasks (:class:`Engines`), loads the weight version the call names in place when it is not
+the one loaded, runs the generate stage (with the in-flight hooks the call names) and
+writes the rollouts as a Parquet file where the call says.
+
+The pool's task is the function :func:`_generate` under the name
+``gfcr_generate__<pool>``: Prefect routes a task run to the workers whose task key (the
+function's name and a hash of its code) matches, so each pool is its own queue, and a
+worker whose gfcr differs in other places still takes the call and refuses it, naming
+both code hashes, instead of leaving it queued forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import types
+from pathlib import Path
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from gfcr.remote.call import (GenerateCall, Refused, check_pool, code_hash, read_parquet,
+                              spec_hash, write_parquet)
+
+log = logging.getLogger("gfcr.engine_worker")
+
+BEAT, BEAT_S = ".beat", 1.0
+"""A running call's heartbeat: a file beside its output, touched every BEAT_S seconds, by
+which the run tells a lost worker (killed, its host gone) from a slow one."""
+
+CACHED_ENGINES = 2
+"""Engines a worker keeps loaded (one per run and policy config), oldest dropped first."""
+
+
+class _Loaded:
+    """One run's policy, engine and task on this worker, and the version loaded."""
+
+    def __init__(self, call: GenerateCall) -> None:
+        from gfcr.stage import lookup
+
+        policy_spec: Any = lookup("policy", call.policy["type"]).model_validate(call.policy)
+        engine_spec: Any = lookup("engine", call.engine["type"]).model_validate(call.engine)
+        self.policy = policy_spec.build(seed=call.seed)
+        self.engine = engine_spec.build(self.policy, seed=call.seed)
+        self.task: Any = lookup("task", call.task["type"]).model_validate(call.task)
+        self.version: int | None = None  # none loaded from the published weights yet
+
+    def at_version(self, call: GenerateCall) -> bool:
+        """Load the call's weights version in place unless loaded; whether it loaded."""
+        from gfcr.weights import WeightStore
+
+        if self.version == call.policy_version:
+            return False
+        WeightStore(Path(call.weights)).load(self.policy.model, call.policy_version)
+        self.engine.update_weights()  # an engine with its own copy refreshes it
+        self.policy.version = call.policy_version
+        self.version = call.policy_version
+        return True
+
+
+class Engines:
+    """The engines this worker holds, by (run, configs); one call at a time per worker."""
+
+    def __init__(self, size: int = CACHED_ENGINES) -> None:
+        self.size, self.lock = size, threading.Lock()
+        self.held: OrderedDict[tuple[str, str], _Loaded] = OrderedDict()
+        self.builds = 0
+
+    def get(self, call: GenerateCall) -> _Loaded:
+        key = (call.run_id, spec_hash({}, (), call.policy, call.engine, call.task))
+        if key not in self.held:
+            while len(self.held) >= self.size:
+                self.held.popitem(last=False)
+            self.held[key] = _Loaded(call)
+            self.builds += 1
+        self.held.move_to_end(key)
+        return self.held[key]
+
+
+ENGINES = Engines()
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+"""This process's name as an engine worker (``--name`` replaces it)."""
+
+
+def check(call: GenerateCall) -> tuple[Any, list[Any]]:
+    """The call's stage and hooks as this worker's classes validate them; Refused when
+    this worker's code or its reading of the configs differs from the run's."""
+    from gfcr.stage import lookup
+
+    if call.code_hash != code_hash():
+        raise Refused(f"engine worker {WORKER} runs other code than run {call.run_id!r}: "
+                      f"worker code {code_hash()}, run code {call.code_hash}; start the "
+                      "worker from the same gfcr, stages and store")
+    stage = lookup("generate", call.stage["type"]).model_validate(call.stage)
+    hooks = [lookup("control", h["type"]).model_validate(h) for h in call.hooks]
+    mine = spec_hash(stage.model_dump(mode="json"),
+                     tuple(h.model_dump(mode="json") for h in hooks), _dump("policy", call.policy), _dump("engine", call.engine),
+                     _dump("task", call.task))
+    if mine != call.spec_hash:
+        raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
+                      f"differently: worker spec {mine}, run spec {call.spec_hash}")
+    return stage, hooks
+
+
+def _dump(kind: Any, data: dict[str, Any]) -> dict[str, Any]:
+    from gfcr.stage import lookup
+
+    return lookup(kind, data["type"]).model_validate(data).model_dump(mode="json")
+
+
+@contextmanager
+def _beating(path: str) -> Iterator[None]:
+    """Touch ``path`` (holding this worker's name) every BEAT_S seconds while the block
+    runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            Path(path).touch()
+            if stop.wait(BEAT_S):
+                return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(WORKER)  # which worker runs the call
+    thread = threading.Thread(target=beat, name="gfcr-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def run_call(call: GenerateCall) -> dict[str, Any]:
+    """Run one call on this worker; what it reports (output path, rows, worker, times)."""
+    from gfcr.loop import SegmentHooks
+    from gfcr.stage import StepContext
+
+    started = time.perf_counter()
+    stage, hooks = check(call)
+    with ENGINES.lock, _beating(call.out + BEAT):
+        loaded = ENGINES.get(call)
+        loading = time.perf_counter()
+        fresh = loaded.at_version(call)
+        load_s = time.perf_counter() - loading
+        ctx = StepContext(run_id=call.run_id, step=call.step, seed=call.seed,
+                          policy_version=call.policy_version, task=loaded.task,
+                          round=call.round, quota=call.quota)
+        plan = read_parquet(call.plan)
+        generating = time.perf_counter()
+        table = stage.generate(ctx, plan, loaded.engine,
+                               SegmentHooks(ctx, hooks) if hooks else None)
+        generated = time.perf_counter() - generating
+    write_parquet(call.out, table)
+    return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
+            "loaded_version": fresh, "load_s": load_s, "generate_s": generated,
+            "worker_s": time.perf_counter() - started}
+
+
+def _generate(name: str, call: dict[str, Any]) -> dict[str, Any]:
+    """The pool task's body: one generate stage call (``name`` names the task run)."""
+    parsed = GenerateCall.model_validate(call)
+    _sign(name)
+    report = run_call(parsed)
+    log.info("%s ran on engine worker %s (version %d, %d rows, %.2f s)", name, WORKER,
+             parsed.policy_version, report["rows"], report["worker_s"])
+    return report
+
+
+def _sign(name: str) -> None:
+    """Rename the current task run ``NAME @ WORKER``: the UI and API show which worker
+    ran each call. (A task run of a task worker has no flow run, so its logs do not reach
+    the API.)"""
+    from prefect import get_client
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    if ctx is None:
+        return
+    signed = f"{name} @ {WORKER}"
+    ctx.task_run.name = signed  # the engine's state events carry the run's name
+    with get_client(sync_client=True) as client:
+        client.set_task_run_name(ctx.task_run.id, signed).raise_for_status()
+
+
+_TASKS: dict[str, Any] = {}
+
+
+def pool_task(pool: str) -> Any:
+    """The Prefect task for ``pool`` (built once per process): the one the run submits
+    with ``.delay()`` and the worker serves, under the key ``gfcr_generate__<pool>``."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    check_pool(pool)
+    if pool not in _TASKS:
+        fn = types.FunctionType(_generate.__code__, _generate.__globals__,
+                                f"gfcr_generate__{pool}")
+        fn.__qualname__ = fn.__name__
+        fn.__doc__ = _generate.__doc__
+        fn.__annotations__ = dict(_generate.__annotations__)
+        _TASKS[pool] = task(name=f"generate@{pool}", task_run_name="{name}",
+                            cache_policy=NO_CACHE, persist_result=True, retries=0)(fn)
+    return _TASKS[pool]
+
+
+def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
+               timeout: float | None = None, imports: tuple[str, ...] = ()) -> None:
+    """Serve ``pool``'s generate calls until stopped (or ``timeout`` seconds). Needs a
+    Prefect API server (PREFECT_API_URL) and the result storage the runs use.
+    ``imports``: modules that register components the runs name (a task of one's own)
+    besides the ``gfcr.plugins`` entry points."""
+    import importlib
+
+    from prefect.settings import PREFECT_API_URL
+    from prefect.task_worker import serve
+
+    from gfcr.stage import load_plugins
+
+    global WORKER
+    if not PREFECT_API_URL.value():
+        raise RuntimeError("an engine worker needs a Prefect API server: set PREFECT_API_URL "
+                           "(task workers cannot use Prefect's temporary server)")
+    WORKER = name or WORKER
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    load_plugins()  # the stages' and engines' imports, before the first call
+    for module in imports:
+        importlib.import_module(module)
+    serve(pool_task(pool), limit=limit, timeout=timeout)

@@ -1,0 +1,145 @@
+"""Weights by version: the learner's weights published to shared storage, one folder per
+policy version, for engine workers in other processes or on other hosts.
+
+::
+
+    ROOT/weights/RUN_ID/
+        v000003/
+            model.safetensors   the policy's weights after version 3's update
+            manifest.json       run id, version, time, files: written last
+        .tmp-v000004-...        a publication under way (never read)
+
+A version is written into a temporary folder, its manifest last, each file fsynced, then
+renamed into place: a reader that finds ``vNNNNNN/manifest.json`` finds the whole version,
+and a killed publisher leaves only a ``.tmp-`` folder that the next publication removes.
+The newest ``keep`` versions stay (a worker may still be asked for an older one while an
+asynchronous run has batches in flight: keep more than ``max_staleness + 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WEIGHTS = "model.safetensors"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"v(\d{6,})")
+
+
+class MissingVersion(LookupError):
+    """A version that was never published here, or was pruned; the message says which."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """One complete published version."""
+
+    version: int
+    path: Path
+
+    @property
+    def weights(self) -> Path:
+        return self.path / WEIGHTS
+
+
+def directory(root: Path, run_id: str) -> Path:
+    """Where ``run_id``'s weights are published under the run root."""
+    return Path(root) / "weights" / run_id
+
+
+class WeightStore:
+    """Publish, list and load one run's weight versions in ``where``."""
+
+    def __init__(self, where: Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"weights: keep={keep} must be at least 1")
+        self.where, self.keep = Path(where), keep
+
+    def path(self, version: int) -> Path:
+        return self.where / f"v{version:06d}"
+
+    def publish(self, model: Any, version: int, run_id: str = "") -> Published:
+        """Write ``model``'s weights as ``version`` atomically, then prune to ``keep``.
+        Publishing a version already there replaces it (the same weights again after a
+        resume)."""
+        from safetensors.torch import save_model
+
+        self.where.mkdir(parents=True, exist_ok=True)
+        tmp = self.where / f".tmp-v{version:06d}-{os.getpid()}-{secrets.token_hex(3)}"
+        tmp.mkdir()
+        try:
+            save_model(model, str(tmp / WEIGHTS))
+            manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS],
+                        "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            for name in (WEIGHTS, MANIFEST):
+                _fsync(tmp / name)
+            final = self.path(version)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync(self.where)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.prune()
+        return Published(version, final)
+
+    def versions(self) -> list[Published]:
+        """Complete versions, oldest first (a folder without its manifest is not one)."""
+        if not self.where.is_dir():
+            return []
+        found = []
+        for path in self.where.iterdir():
+            match = _NAME.fullmatch(path.name)
+            if match and (path / MANIFEST).is_file():
+                found.append(Published(int(match.group(1)), path))
+        return sorted(found, key=lambda p: p.version)
+
+    def latest(self) -> Published | None:
+        """The newest complete version, or None when none is published."""
+        found = self.versions()
+        return found[-1] if found else None
+
+    def get(self, version: int) -> Published:
+        """The complete ``version``; MissingVersion naming what is there otherwise."""
+        path = self.path(version)
+        if not (path / MANIFEST).is_file():
+            have = [p.version for p in self.versions()]
+            raise MissingVersion(f"weights version {version} is not published in "
+                                 f"{self.where} (have {have or 'none'}; the newest "
+                                 f"{self.keep} are kept)")
+        return Published(version, path)
+
+    def load(self, model: Any, version: int) -> Published:
+        """Load ``version`` into ``model`` in place."""
+        from safetensors.torch import load_model
+
+        found = self.get(version)
+        load_model(model, str(found.weights))
+        return found
+
+    def prune(self) -> None:
+        """Keep the newest ``keep`` versions; drop leftovers of killed publications
+        (other processes' ``.tmp-`` folders older than a minute)."""
+        for old in self.versions()[:-self.keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        for path in self.where.glob(".tmp-v*"):
+            if path.is_dir() and time.time() - path.stat().st_mtime > 60 and \
+                    f"-{os.getpid()}-" not in path.name:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

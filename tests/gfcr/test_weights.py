@@ -1,0 +1,63 @@
+"""Weights by version (gfcr.weights): atomic publication, loading in place, pruning."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from gfcr.weights import MANIFEST, MissingVersion, WeightStore, directory
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def test_a_published_version_loads_into_another_model_in_place(tmp_path):
+    store = WeightStore(directory(tmp_path, "run-1"))
+    source, target = _model(1), _model(2)
+    store.publish(source, 5, "run-1")
+    before = target[0].weight
+    store.load(target, 5)
+    assert target[0].weight is before  # the same tensor, new values
+    for a, b in zip(source.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a, b)
+    assert store.latest().version == 5
+
+
+def test_a_half_written_version_is_never_seen(tmp_path):
+    store = WeightStore(tmp_path / "w")
+    store.publish(_model(0), 1)
+    # a publisher killed before its manifest: a temporary folder, and a version folder
+    # without a manifest (as a copy by hand would leave)
+    (store.where / f".tmp-v000002-{os.getpid() + 1}-abc").mkdir()
+    (store.path(3)).mkdir()
+    (store.path(3) / "model.safetensors").write_bytes(b"half")
+    assert [p.version for p in store.versions()] == [1]
+    assert store.latest().version == 1
+    with pytest.raises(MissingVersion, match=r"version 3 is not published .*have \[1\]"):
+        store.load(_model(0), 3)
+
+
+def test_only_the_newest_versions_are_kept(tmp_path):
+    store = WeightStore(tmp_path / "w", keep=2)
+    model = _model(0)
+    for version in range(5):
+        store.publish(model, version)
+    assert [p.version for p in store.versions()] == [3, 4]
+    assert all((p.path / MANIFEST).is_file() for p in store.versions())
+    assert sorted(p.name for p in store.where.iterdir()) == ["v000003", "v000004"]
+    with pytest.raises(MissingVersion, match="version 0"):
+        store.get(0)
+
+
+def test_publishing_a_version_again_replaces_it(tmp_path):
+    store = WeightStore(tmp_path / "w")
+    store.publish(_model(0), 7)
+    store.publish(_model(1), 7)
+    target = _model(3)
+    store.load(target, 7)
+    assert torch.equal(target[0].weight, _model(1)[0].weight)
+    assert [p.version for p in store.versions()] == [7]
