@@ -10,7 +10,8 @@ policy version, for engine workers in other processes or on other hosts.
         .tmp-v000004-...        a publication under way (never read)
 
 A version is written into a temporary folder, its manifest last, each file fsynced, then
-renamed into place: a reader that finds ``vNNNNNN/manifest.json`` finds the whole version,
+renamed into place, through the policy's own tensor I/O (``Policy.io``), so the runtime
+needs no tensor library: a reader that finds ``vNNNNNN/manifest.json`` finds the whole version,
 and a killed publisher leaves only a ``.tmp-`` folder that the next publication removes.
 The newest ``keep`` versions stay (a worker may still be asked for an older one while an
 asynchronous run has batches in flight: keep more than ``max_staleness + 1``).
@@ -27,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gfcr.engine import TensorIO
 
 WEIGHTS = "model.safetensors"
 MANIFEST = "manifest.json"
@@ -57,10 +60,10 @@ def directory(root: Path, run_id: str) -> Path:
 class WeightStore:
     """Publish, list and load one run's weight versions in ``where``."""
 
-    def __init__(self, where: Path, keep: int = 3) -> None:
+    def __init__(self, where: Path, io: TensorIO, keep: int = 3) -> None:
         if keep < 1:
             raise ValueError(f"weights: keep={keep} must be at least 1")
-        self.where, self.keep = Path(where), keep
+        self.where, self.io, self.keep = Path(where), io, keep
 
     def path(self, version: int) -> Path:
         return self.where / f"v{version:06d}"
@@ -69,13 +72,11 @@ class WeightStore:
         """Write ``model``'s weights as ``version`` atomically, then prune to ``keep``.
         Publishing a version already there replaces it (the same weights again after a
         resume)."""
-        from safetensors.torch import save_model
-
         self.where.mkdir(parents=True, exist_ok=True)
         tmp = self.where / f".tmp-v{version:06d}-{os.getpid()}-{secrets.token_hex(3)}"
         tmp.mkdir()
         try:
-            save_model(model, str(tmp / WEIGHTS))
+            self.io.save_weights(model, tmp / WEIGHTS)
             manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS],
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -120,10 +121,8 @@ class WeightStore:
 
     def load(self, model: Any, version: int) -> Published:
         """Load ``version`` into ``model`` in place."""
-        from safetensors.torch import load_model
-
         found = self.get(version)
-        load_model(model, str(found.weights))
+        self.io.load_weights(model, found.weights)
         return found
 
     def prune(self) -> None:

@@ -103,7 +103,7 @@ class RemoteGenerate:
         self.pipeline = rt.pipeline
         self.policy = policy  # the learner's live policy, whose weights are published
         keep = max(placement.keep, self.pipeline.max_staleness + 2)
-        self.weights = WeightStore(directory(root, run_id), keep=keep)
+        self.weights = WeightStore(directory(root, run_id), policy.io, keep=keep)
         self.staging = Path(root).resolve() / "staging" / run_id / "remote"
         self.published: int | None = None
         self.publish_s = 0.0  # publishing weights since the last step's metrics

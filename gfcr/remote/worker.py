@@ -60,7 +60,8 @@ class _Loaded:
 
         if self.version == call.policy_version:
             return False
-        WeightStore(Path(call.weights)).load(self.policy.model, call.policy_version)
+        weights = WeightStore(Path(call.weights), self.policy.io)
+        weights.load(self.policy.model, call.policy_version)
         self.engine.update_weights()  # an engine with its own copy refreshes it
         self.policy.version = call.policy_version
         self.version = call.policy_version

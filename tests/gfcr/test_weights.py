@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gfcr.weights import MANIFEST, MissingVersion, WeightStore, directory
+from stages.engines.torch_io import TORCH_IO
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -16,7 +17,7 @@ def _model(seed: int) -> torch.nn.Module:
 
 
 def test_a_published_version_loads_into_another_model_in_place(tmp_path):
-    store = WeightStore(directory(tmp_path, "run-1"))
+    store = WeightStore(directory(tmp_path, "run-1"), TORCH_IO)
     source, target = _model(1), _model(2)
     store.publish(source, 5, "run-1")
     before = target[0].weight
@@ -28,7 +29,7 @@ def test_a_published_version_loads_into_another_model_in_place(tmp_path):
 
 
 def test_a_half_written_version_is_never_seen(tmp_path):
-    store = WeightStore(tmp_path / "w")
+    store = WeightStore(tmp_path / "w", TORCH_IO)
     store.publish(_model(0), 1)
     # a publisher killed before its manifest: a temporary folder, and a version folder
     # without a manifest (as a copy by hand would leave)
@@ -42,7 +43,7 @@ def test_a_half_written_version_is_never_seen(tmp_path):
 
 
 def test_only_the_newest_versions_are_kept(tmp_path):
-    store = WeightStore(tmp_path / "w", keep=2)
+    store = WeightStore(tmp_path / "w", TORCH_IO, keep=2)
     model = _model(0)
     for version in range(5):
         store.publish(model, version)
@@ -54,7 +55,7 @@ def test_only_the_newest_versions_are_kept(tmp_path):
 
 
 def test_publishing_a_version_again_replaces_it(tmp_path):
-    store = WeightStore(tmp_path / "w")
+    store = WeightStore(tmp_path / "w", TORCH_IO)
     store.publish(_model(0), 7)
     store.publish(_model(1), 7)
     target = _model(3)
