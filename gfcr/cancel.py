@@ -13,7 +13,8 @@ finishes (the body waits for it), so at most the step under way is lost, and a r
 runs it again from the last checkpoint, replaying any committed step after it. Code that
 is interrupted may turn the KeyboardInterrupt into its own error (DuckDB raises "Query
 interrupted"); :attr:`Stop.at_once` says the stop was asked for, so the run still ends
-cancelled rather than failed.
+cancelled rather than failed. Once the run is recording its end (:attr:`Stop.ending`) a
+second signal interrupts nothing: that record takes milliseconds and must be whole.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class Stop:
         self._notify = notify
         self.reason = ""
         self.at_once = False  # a second request came: stop now, not at the boundary
+        self.ending = False
+        """The run is recording its end (the commit in flight, its status): a second
+        signal then marks ``at_once`` but interrupts nothing, so the record is whole."""
 
     def request(self, reason: str) -> None:
         """Ask the run to stop after the step under way; ``reason`` says who asked."""
@@ -89,6 +93,8 @@ def on_signals(stop: Stop) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.requested:
             stop.at_once = True
+            if stop.ending:
+                return
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         stop.request(f"{signal.Signals(signum).name} received")
 

@@ -28,7 +28,12 @@ def run(request: RunRequest, executor: str, *, hooks: list[Any],
         return _in_flow(request, hooks)
     stop = Stop(notify=notify)
     with on_signals(stop):
-        return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
+        try:
+            return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
+        except Exception as exc:  # what the second signal interrupted raised, or the end
+            if stop.at_once:      # at the boundary it reached meanwhile: stopped at once
+                raise KeyboardInterrupt(f"stopped at once ({type(exc).__name__})") from exc
+            raise
 
 
 def stopping(console: Any) -> Callable[[str], None]:

@@ -195,6 +195,7 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
                 raise KeyboardInterrupt(f"stopped at once ({error})") from exc
             raise
         finally:
+            stop.ending = True  # a second signal no longer interrupts (gfcr.cancel)
             try:
                 commits.wait()  # a commit in flight finishes, whatever else failed
             finally:

@@ -184,3 +184,28 @@ def test_an_error_raised_for_the_second_signal_still_ends_the_run_cancelled(tmp_
         raise AssertionError("the run went on after a stop at once")
     status, steps, rows, ids = _stored(tmp_path, "interrupted")
     assert status == "cancelled" and steps == [0, 1] and rows == ids == 2 * 16
+
+
+def test_a_second_signal_while_the_run_records_its_end_interrupts_nothing():
+    """Past the step boundary the run records its end (the commit in flight, its status);
+    a second signal then marks the stop as at once but raises nothing into that record.
+    Before it, the second signal raises KeyboardInterrupt."""
+    from gfcr.cancel import Stop, on_signals
+
+    stop = Stop()
+    with on_signals(stop):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and not stop.at_once
+        stop.ending = True
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.at_once
+    stop = Stop()
+    try:
+        with on_signals(stop):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    except KeyboardInterrupt:
+        assert stop.at_once
+    else:
+        raise AssertionError("a second signal before the run's end did not stop it at once")
