@@ -18,9 +18,10 @@ import pytest
 from gfcr import execute
 from gfcr.remote.call import GenerateCall, Refused, code_hash
 from gfcr.remote.dispatch import GeneratePool, NoEngineWorker
+from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
-from tests.resources.digits import Digits
+from tests.resources.digits import DigitAnswers, Digits
 
 POOL = "tiny-engines"
 WORKERS = ("engine-a", "engine-b")
@@ -199,6 +200,26 @@ def test_async_steps_generate_ahead_with_weights_at_most_k_versions_old(
         assert all(version - k <= v <= version for v in starts)
     stale = [m for m, lag in zip(history, lags) if lag > 0 and "train/offpolicy_share" in m]
     assert all(m["train/offpolicy_share"] > 0 for m in stale)
+
+
+def test_an_async_run_with_k_1_learns_over_its_warm_start(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # a supervised warm start of 4 steps answers half the held-out prompts with four
+    # digits; 4 GRPO steps, each generated on a worker one version behind, raise it
+    k = 1
+    pipeline = tiny_pipeline(
+        task=DigitAnswers(), steps=4, max_staleness=k,
+        warmstart=SFT(steps=4, batch_size=12, schedule="constant"),
+        stages=[UniformSampler(batch=8), GroupSample(n=8, max_tokens=4), Verify(),
+                GRPO(lr=1e-2)]).with_overrides(["evaluation.max_tokens=4"])
+    summary = execute(pipeline, root=tmp_path, executor="local",
+                      generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    assert summary.accuracy_warmstart is not None
+    assert summary.accuracy_after > summary.accuracy_warmstart, summary
+    lags = [m["staleness/max"] for m in summary.history]
+    assert max(lags) == k  # steps trained on rows one version old
+    names = {f"group[step={step}]" for step in range(4)}
+    assert set(_ran_on(names)) == names  # every batch was generated on a worker
 
 
 def test_async_steps_need_a_pool(tmp_path: Path) -> None:
