@@ -22,10 +22,10 @@ from typing import Any, Callable
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gfcr.remote.ahead import plan_ahead, staleness
+from gfcr.remote.ahead import STEP_VERSION, plan_ahead, staleness, version_sent
 from gfcr.remote.call import GenerateCall, check_pool, code_hash, read_parquet, spec_hash
 from gfcr.remote.worker import BEAT
-from gfcr.weights import WeightStore, directory
+from gfcr.weights import MissingVersion, WeightStore, directory
 
 log = logging.getLogger("gfcr.remote")
 
@@ -123,7 +123,9 @@ class RemoteGenerate:
             self._drop(sent)
             sent = None
         if sent is None:
-            sent = self._send(ctx, gen, plan, hooks, engine)
+            version = version_sent(self.rt, self.run_id, ctx.step, ctx.step) \
+                if ctx.round == 0 else None
+            sent = self._send(ctx, gen, plan, hooks, engine, version)
         if ctx.round == 0:
             self._send_ahead(ctx.step, gen, hooks, engine)
         report = self._wait(sent)
@@ -136,6 +138,7 @@ class RemoteGenerate:
         """The step's staleness (versions behind the step's) and its calls' times."""
         mine = [r for r in self.reports if r["step"] == ctx.step]
         metrics = staleness(rollouts, ctx.policy_version)
+        metrics[STEP_VERSION] = float(ctx.policy_version)
         for key in ("worker_s", "wall_s", "delay_s", "load_s"):
             metrics[f"remote/{key}"] = sum(r[key] for r in mine)
         metrics["remote/publish_s"], self.publish_s = self.publish_s, 0.0
@@ -146,15 +149,18 @@ class RemoteGenerate:
         for later in range(step + 1, last + 1):
             if later not in self.ahead:
                 ctx, plan = plan_ahead(self.rt, self.run_id, later, step)
-                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine)
+                version = version_sent(self.rt, self.run_id, later, step)
+                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version)
 
-    def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any],
-              engine: Any) -> _Sent:
+    def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any], engine: Any,
+              version: int | None = None) -> _Sent:
+        """Send ``plan`` to the pool, generated with ``version`` (None: the current one;
+        an older one when a resumed run sends again what was in flight, see ahead.py)."""
         from gfcr.remote.call import write_parquet
         from gfcr.remote.worker import pool_task
 
         started = time.perf_counter()
-        call = self._call(ctx, gen, hooks, engine)
+        call = self._call(ctx, gen, hooks, engine, self._published(version))
         write_parquet(call.plan, plan)
         delaying = time.perf_counter()
         future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
@@ -170,9 +176,23 @@ class RemoteGenerate:
             if state is None or state.is_scheduled():
                 client.delete_task_run(sent.future.task_run_id)
 
-    def _call(self, ctx: Any, gen: Any, hooks: list[Any], engine: Any) -> GenerateCall:
-        version = int(engine.version)
-        if self.published != version:
+    def _published(self, version: int | None) -> int | None:
+        """``version`` when its weights are still published here, else None (with a
+        warning: the batch is then generated with the current weights)."""
+        if version is None:
+            return None
+        try:
+            self.weights.get(version)
+        except MissingVersion as exc:
+            self.notify(f"resuming with batches in flight: {exc}; generating them with "
+                        "the current weights instead")
+            return None
+        return version
+
+    def _call(self, ctx: Any, gen: Any, hooks: list[Any], engine: Any,
+              older: int | None = None) -> GenerateCall:
+        version = int(engine.version) if older is None else older
+        if older is None and self.published != version:
             publishing = time.perf_counter()
             self.weights.publish(self.policy.model, version, self.run_id)
             self.publish_s += time.perf_counter() - publishing

@@ -18,9 +18,10 @@ import pytest
 from gfcr import execute
 from gfcr.remote.call import GenerateCall, Refused, code_hash
 from gfcr.remote.dispatch import GeneratePool, NoEngineWorker
+from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
-from tests.resources.digits import Digits
+from tests.resources.digits import DigitAnswers, Digits
 
 POOL = "tiny-engines"
 WORKERS = ("engine-a", "engine-b")
@@ -61,11 +62,11 @@ def engine_workers(prefect_server: Any, tmp_path_factory: pytest.TempPathFactory
                 proc.wait()
 
 
-def _rows(root: Path, run_id: str) -> list[dict[str, Any]]:
+def _rows(root: Path, run_id: str, columns: list[str] = COMPARE) -> list[dict[str, Any]]:
     with RolloutStore.open(root / "store", read_only=True) as s:
         table = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{run_id}' "
                       "ORDER BY step, prompt, sample_idx")
-    return table.select(COMPARE).to_pylist()
+    return table.select(columns).to_pylist()
 
 
 def _ran_on(names: set[str]) -> dict[str, tuple[str, str]]:
@@ -201,9 +202,78 @@ def test_async_steps_generate_ahead_with_weights_at_most_k_versions_old(
     assert all(m["train/offpolicy_share"] > 0 for m in stale)
 
 
+def test_an_async_run_with_k_1_learns_over_its_warm_start(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # a supervised warm start of 4 steps answers half the held-out prompts with four
+    # digits; 4 GRPO steps, each generated on a worker one version behind, raise it
+    k = 1
+    pipeline = tiny_pipeline(
+        task=DigitAnswers(), steps=4, max_staleness=k,
+        warmstart=SFT(steps=4, batch_size=12, schedule="constant"),
+        stages=[UniformSampler(batch=8), GroupSample(n=8, max_tokens=4), Verify(),
+                GRPO(lr=1e-2)]).with_overrides(["evaluation.max_tokens=4"])
+    summary = execute(pipeline, root=tmp_path, executor="local",
+                      generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    assert summary.accuracy_warmstart is not None
+    assert summary.accuracy_after > summary.accuracy_warmstart, summary
+    lags = [m["staleness/max"] for m in summary.history]
+    assert max(lags) == k  # steps trained on rows one version old
+    names = {f"group[step={step}]" for step in range(4)}
+    assert set(_ran_on(names)) == names  # every batch was generated on a worker
+
+
 def test_async_steps_need_a_pool(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_staleness=1 needs a generate pool"):
         execute(tiny_pipeline(steps=1, max_staleness=1), root=tmp_path, executor="local")
+
+
+def test_a_run_stopped_with_a_batch_in_flight_resumes_as_the_uninterrupted_run(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # stopped after step 1 (SIGTERM's path: a stop at the step boundary), while step 2's
+    # batch, sent ahead during step 1, is in flight; resumed: the in-flight batch is sent
+    # again with the weights version it was sent with, so every row equals the
+    # uninterrupted run's, and each step and rollout is stored once
+    from gfcr.cancel import RunCancelled, Stop
+
+    pipeline = tiny_pipeline(task=Digits(), steps=4, max_staleness=1, stages=[
+        UniformSampler(batch=4), GroupSample(n=4, max_tokens=4), Verify(), GRPO(lr=1e-2)])
+    pool = GeneratePool(pool=POOL, timeout_s=240, warn_s=120)
+    whole = execute(pipeline, root=tmp_path / "whole", executor="local", run_id="b",
+                    generate_pool=pool)
+    stop, in_flight = Stop(), list[str]()
+    staging = tmp_path / "cut" / "staging" / "b" / "remote"
+
+    class StopAfterStep1:
+        def on_step(self, *, step: int, **_: Any) -> None:
+            if step == 1:
+                in_flight.extend(p.name for p in staging.glob("2-0-*-plan.parquet"))
+                stop.request("the test stops after step 1")
+
+    with pytest.raises(RunCancelled):
+        execute(pipeline, root=tmp_path / "cut", executor="local", run_id="b",
+                hooks=[StopAfterStep1()], stop=stop, generate_pool=pool)
+    assert len(in_flight) == 1  # step 2's batch had been sent to the pool
+    assert _stored(tmp_path / "cut") == [(0, 16, 16), (1, 16, 16)]  # and was not stored
+    resumed = execute(pipeline, root=tmp_path / "cut", executor="local", run_id="b",
+                      generate_pool=pool)
+    assert resumed.resumed_from == 1
+    assert _stored(tmp_path / "cut") == [(step, 16, 16) for step in range(4)]
+    assert resumed.history[2]["staleness/max"] == 1  # step 2 still ran on older rows
+    same = [*COMPARE, "rollout_id", "group_id"]
+    assert _rows(tmp_path / "cut", "b", same) == _rows(tmp_path / "whole", "b", same)
+    assert [m["policy_version"] for m in resumed.history] == [
+        m["policy_version"] for m in whole.history]
+    assert resumed.accuracy_after == whole.accuracy_after
+
+
+def _stored(root: Path) -> list[tuple[int, int, int]]:
+    """(step, rows, distinct rollout ids) of each stored step of run "b"."""
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        steps = s.sql("SELECT step FROM steps WHERE run_id = 'b'").column("step").to_pylist()
+        counts = s.sql("SELECT step, count(*) AS n, count(DISTINCT rollout_id) AS ids "
+                       "FROM rollouts WHERE run_id = 'b' GROUP BY step").to_pylist()
+    assert sorted(steps) == sorted(c["step"] for c in counts)  # a steps row per step, once
+    return sorted((c["step"], c["n"], c["ids"]) for c in counts)
 
 
 def test_kill_a_worker_mid_task_the_call_runs_again_and_every_rollout_is_stored_once(

@@ -44,3 +44,21 @@ def explode(completion: str, answer: str | None, meta: str | None) -> float:
     if "a" in completion:
         raise RuntimeError("reward function bug")
     return 1.0 if completion[:1].isdigit() else 0.0
+
+
+@register("task")
+class DigitAnswers(Digits):
+    """:class:`Digits` with an answer per prompt (four digits spelled from its word), so a
+    supervised warm start has something to imitate; scored as Digits (any digits count)."""
+
+    type: Literal["_digit_answers"] = "_digit_answers"  # type: ignore[assignment]
+
+    def train_prompts(self) -> pa.Table:
+        table = super().train_prompts()
+        answers = [_spelled(p) for p in table.column("prompt").to_pylist()]
+        return table.set_column(table.schema.get_field_index("answer"), "answer",
+                                pa.array(answers, pa.string()))
+
+
+def _spelled(prompt: str) -> str:
+    return "".join(str(ord(c) % 10) for c in prompt[:4])
