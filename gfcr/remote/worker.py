@@ -162,7 +162,8 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
         generated = time.perf_counter() - generating
     write_parquet(call.out, table)
     return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
-            "loaded_version": fresh, "load_s": load_s, "generate_s": generated,
+            "loaded_version": fresh, "engines_built": ENGINES.builds, "load_s": load_s,
+            "generate_s": generated,
             "worker_s": time.perf_counter() - started}
 
 
