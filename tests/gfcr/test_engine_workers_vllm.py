@@ -135,10 +135,11 @@ def test_online_pruning_reads_the_runs_history_on_the_worker(
 
 
 def test_the_workers_vllm_loads_each_version_in_place(
-        tmp_path: Path, engine_worker: subprocess.Popen) -> None:
+        tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool) -> None:
     # two published versions far apart (v1: every weight tripled); the worker generates the
-    # same plan at v0 then v1 with the one vLLM it built (prefix cache warm from v0), and
-    # each version's logprobs are the policy's own at that version (teacher-forced here)
+    # same plan at v0 then v1 with the one vLLM it built (prefix cache warm from v0): each
+    # version's logprobs are the policy's own at that version (teacher-forced here) and
+    # its rollouts those of a vLLM here on that version's weights
     import torch
 
     from gfcr.loop import plan_defaults
@@ -178,6 +179,13 @@ def test_the_workers_vllm_loads_each_version_in_place(
         rows = read_parquet(call.out).to_pylist()
         outputs.append([(r["completion_ids"], r["logprobs"]) for r in rows])
         assert {r["policy_version_start"] for r in rows} == {version}
+        # here: a fresh context (the stage's seed is drawn from it) and this version's policy
+        here = StepContext(run_id="direct", step=0, seed=0, policy_version=0,
+                           task=pipeline.task)
+        expected = gen.generate(here, read_parquet(tmp_path / "plan.parquet"),
+                                pipeline.engine.build(policy, seed=0), None).to_pylist()
+        shared_llms.release()
+        assert [(r["completion_ids"], r["logprobs"]) for r in expected] == outputs[-1]
         with torch.no_grad():
             for r in rows:
                 forced = token_logprobs(policy.model, r["prompt_ids"], r["completion_ids"])
