@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import pyarrow as pa
 import pytest
 
 from gfcr import execute
@@ -137,7 +138,7 @@ def test_online_pruning_reads_the_runs_history_on_the_worker(
 def test_the_workers_vllm_loads_each_version_in_place(
         tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool) -> None:
     # two published versions far apart (v1: every weight tripled); the worker generates the
-    # same plan at v0 then v1 with the one vLLM it built (prefix cache warm from v0): each
+    # same plan at v0 then v1 with the one vLLM it built (prefix cache full of v0's): each
     # version's logprobs are the policy's own at that version (teacher-forced here) and
     # its rollouts those of a vLLM here on that version's weights
     import torch
@@ -161,8 +162,13 @@ def test_the_workers_vllm_loads_each_version_in_place(
     for version, policy in enumerate(policies):
         weights.publish(policy.model, version, "direct")
     ctx = StepContext(run_id="direct", step=0, seed=0, policy_version=0, task=pipeline.task)
-    write_parquet(tmp_path / "plan.parquet",
-                  plan_defaults(select.select(ctx, PROMPT_SCHEMA.empty_table()), gen))
+    plan = plan_defaults(select.select(ctx, PROMPT_SCHEMA.empty_table()), gen)
+    # prompts of 200+ tokens: vLLM's prefix cache holds whole blocks of 128 tokens, so the
+    # v1 call finds v0's KV cached for them unless the reload dropped it (checked here:
+    # without the reset the logprobs were 3.0 off)
+    long = [(p * 40)[:200] for p in plan.column("prompt").to_pylist()]
+    plan = plan.set_column(plan.schema.get_field_index("prompt"), "prompt", pa.array(long))
+    write_parquet(tmp_path / "plan.parquet", plan)
     dumps = dict(stage=gen.model_dump(mode="json"), hooks=(),
                  policy=pipeline.policy.model_dump(mode="json"),
                  engine=pipeline.engine.model_dump(mode="json"),
@@ -179,6 +185,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
         rows = read_parquet(call.out).to_pylist()
         outputs.append([(r["completion_ids"], r["logprobs"]) for r in rows])
         assert {r["policy_version_start"] for r in rows} == {version}
+        assert min(len(r["prompt_ids"]) for r in rows) >= 200
         # here: a fresh context (the stage's seed is drawn from it) and this version's policy
         here = StepContext(run_id="direct", step=0, seed=0, policy_version=0,
                            task=pipeline.task)
