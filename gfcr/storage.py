@@ -191,11 +191,13 @@ _OPEN: dict[str, RunStore] = {}
 _OPENING = threading.Lock()
 
 
-def other_store(uri: str, *, as_of_snapshot: int | None = None) -> History:
+def other_store(uri: str, *, as_of_snapshot: int | None = None,
+                run_id: str | None = None) -> History:
     """The history of the store at ``uri``, read-only, as of ``as_of_snapshot`` (None:
-    live), for every run. The store is opened once per process and kept open (stages of
-    a run read it every step); the backend's ``errors`` say when it is not a store."""
+    live), for every run or for ``run_id`` alone (an engine worker's view of the run's
+    own store). The store is opened once per process and kept open (stages of a run read
+    it every step); the backend's ``errors`` say when it is not a store."""
     with _OPENING:
         if uri not in _OPEN:
             _OPEN[uri] = backend().open(uri, read_only=True, create=False)
-    return backend().history(_OPEN[uri], None, as_of_snapshot=as_of_snapshot)
+    return backend().history(_OPEN[uri], run_id, as_of_snapshot=as_of_snapshot)

@@ -5,7 +5,10 @@ in-flight hooks, policy, engine and task (each as its ``model_dump``), the step,
 policy version to generate with, and where the tables are: the plan as a Parquet file in
 the run's staging folder (beside the store), the place to write the rollouts, and the
 folder of published weights (:mod:`gfcr.weights`). Tables never go through Prefect's API;
-the call itself is a few kilobytes in Prefect's result storage.
+the call itself is a few kilobytes in Prefect's result storage. The step's History
+travels as the store's URI and the snapshot it is pinned to: the worker opens the store
+read-only at that snapshot, so a stage or hook that reads history (ARRoL's OnlinePrune)
+reads there what it reads in-process.
 
 Two hashes guard it. ``code_hash`` is the hash of the gfcr, stages and store sources the
 run was started with; ``spec_hash`` the hash of the configs as the run validated them. A
@@ -64,6 +67,12 @@ class GenerateCall(BaseModel):
     """Where the worker writes the rollouts (Parquet)."""
     code_hash: str
     spec_hash: str
+    store: str | None = None
+    """The run's store (its URI), which the worker opens read-only for the step's History;
+    None: the run has no store, and the stages see no history (as in-process)."""
+    snapshot: int | None = None
+    """The store snapshot the step's History is pinned to (None: the live store, a run's
+    first step before its first commit)."""
 
     @property
     def name(self) -> str:
@@ -71,6 +80,16 @@ class GenerateCall(BaseModel):
         label = self.stage.get("name") or self.stage["type"]
         suffix = f",round={self.round}" if self.round else ""
         return f"{label}[step={self.step}{suffix}]"
+
+
+def history_at(ctx: Any) -> dict[str, Any]:
+    """The call fields that name ``ctx``'s History (its store and snapshot), so a worker
+    reads what the step's stages read here. Reading the snapshot builds the step's
+    History, which waits for the commit running behind the step (gfcr.commits)."""
+    history = ctx.history
+    if history is None:
+        return {"store": None, "snapshot": None}
+    return {"store": str(history.uri), "snapshot": history.snapshot}
 
 
 def check_pool(pool: str) -> str:

@@ -23,7 +23,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gfcr.remote.ahead import STEP_VERSION, plan_ahead, staleness, version_sent
-from gfcr.remote.call import GenerateCall, check_pool, code_hash, read_parquet, spec_hash
+from gfcr.remote.call import (GenerateCall, check_pool, code_hash, history_at, read_parquet,
+                              spec_hash)
 from gfcr.remote.worker import BEAT
 from gfcr.weights import MissingVersion, WeightStore, directory
 
@@ -208,7 +209,8 @@ class RemoteGenerate:
                             weights=str(self.weights.where.resolve()),
                             plan=str(self.staging / f"{stem}-plan.parquet"),
                             out=str(self.staging / f"{stem}-rollouts.parquet"),
-                            code_hash=code_hash(), spec_hash=spec_hash(**dumps), **dumps)
+                            code_hash=code_hash(), spec_hash=spec_hash(**dumps),
+                            **history_at(ctx), **dumps)
 
     def _wait(self, sent: _Sent) -> dict[str, Any]:
         """The call's result, waiting at most ``timeout_s`` (from its last sending):

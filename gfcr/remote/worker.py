@@ -5,8 +5,8 @@
 names its run, configs and policy version; the worker builds the policy, engine and task
 from the configs once per (run, policy/engine/task config) and keeps them loaded between
 tasks (:class:`Engines`), loads the weight version the call names in place when it is not
-the one loaded, runs the generate stage (with the in-flight hooks the call names) and
-writes the rollouts as a Parquet file where the call says.
+the one loaded, runs the generate stage (with the in-flight hooks the call names, and the step's
+History: the run's store opened read-only at the call's snapshot) and writes the rollouts as a Parquet file where the call says.
 
 The pool's task is the function :func:`_generate` under the name
 ``gfcr_generate__<pool>``: Prefect routes a task run to the workers whose task key (the
@@ -154,7 +154,7 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
         load_s = time.perf_counter() - loading
         ctx = StepContext(run_id=call.run_id, step=call.step, seed=call.seed,
                           policy_version=call.policy_version, task=loaded.task,
-                          round=call.round, quota=call.quota)
+                          history=_history(call), round=call.round, quota=call.quota)
         plan = read_parquet(call.plan)
         generating = time.perf_counter()
         table = stage.generate(ctx, plan, loaded.engine,
@@ -162,8 +162,19 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
         generated = time.perf_counter() - generating
     write_parquet(call.out, table)
     return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
-            "loaded_version": fresh, "load_s": load_s, "generate_s": generated,
+            "loaded_version": fresh, "engines_built": ENGINES.builds, "load_s": load_s,
+            "generate_s": generated,
             "worker_s": time.perf_counter() - started}
+
+
+def _history(call: GenerateCall) -> Any:
+    """The step's History as the run pinned it: the run's store opened read-only (once
+    per worker, gfcr.storage.other_store) at the call's snapshot; None without a store."""
+    from gfcr.storage import other_store
+
+    if call.store is None:
+        return None
+    return other_store(call.store, as_of_snapshot=call.snapshot, run_id=call.run_id)
 
 
 def _generate(name: str, call: dict[str, Any]) -> dict[str, Any]:
