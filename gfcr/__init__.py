@@ -41,7 +41,7 @@ def __getattr__(name: str) -> Any:
     module = _MODULE.get(name)
     if module is None:
         raise AttributeError(f"module 'gfcr' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
+    value = getattr(import_module(module), name)  # getattr: the name is data (_MODULE)
     globals()[name] = value
     return value
 

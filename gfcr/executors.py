@@ -106,7 +106,7 @@ def _retryable(task: Any, task_run: Any, state: Any) -> bool:
     """Whether a failed call may be retried: not when its error says a retry cannot help
     (an attribute ``gfcr_retry = False``: no engine worker on a pool, a refused call)."""
     error = state.data  # a failed call's state holds its exception
-    return getattr(error, "gfcr_retry", True) is not False
+    return getattr(error, "gfcr_retry", True) is not False  # getattr: any exception type
 
 
 def _summary_artifact(result: Any, run_id: str) -> None:

@@ -44,6 +44,8 @@ def after_takeover(run_id: str, lease: object) -> None:
     """When this process took over the stale lease of one that died (``lease.previous``,
     :func:`store.lease.hold`), set the dead one's flow runs to Crashed. Called before this
     process's own flow run exists; a failure to tell Prefect is a warning."""
+    # getattr: StoreBackend.hold yields an opaque lease; only one that took over a stale
+    # lease (store.lease.RunLease) has ``previous`` and ``stale_reason``
     previous = getattr(lease, "previous", None)
     if previous is None:
         return
