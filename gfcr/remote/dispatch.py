@@ -6,7 +6,8 @@ not yet published (:mod:`gfcr.weights`), writes the plan as Parquet in the run's
 folder, submits one task run with ``.delay()`` (one per step's batch, never one per
 rollout) and waits for it, bounded: a run whose task no worker takes says so after
 ``warn_s`` and fails after ``timeout_s`` naming the pool (Prefect's own ``.result()``
-would wait forever), deleting the queued task run so no worker runs it later.
+would wait forever), deleting the queued task run so no worker runs it later. That
+sending and waiting is :class:`PoolCalls`, which the score calls share (gfcr.remote.scoring).
 """
 
 from __future__ import annotations
