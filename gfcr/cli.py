@@ -62,6 +62,7 @@ def run(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
     generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
+    score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -81,7 +82,7 @@ def run(
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout)
+                         generate_timeout=generate_timeout, score_pool=score_pool)
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:

@@ -7,7 +7,9 @@ from typing import Optional
 import typer
 
 POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
-POOL_TIMEOUT = "With --generate-pool: fail a step no worker finished in this many s."
+POOL_TIMEOUT = ("With --generate-pool or --score-pool: fail a step's call no worker "
+                "finished in this many s.")
+SCORE = "Run the scoring filter stages (Verify, ...) on the engine workers of POOL."
 """``gfcr run``'s help for its engine-worker options."""
 
 
@@ -23,7 +25,8 @@ def engine_worker(
                                            "policy or stage the runs use (repeat)."),
 ) -> None:
     """Serve the generate stage of any run that names POOL, keeping each run's policy
-    loaded between its steps. Needs PREFECT_API_URL (a real Prefect server) and the run
+    loaded between its steps, and the scoring stages of any run that names it with
+    --score-pool. Needs PREFECT_API_URL (a real Prefect server) and the run
     root's filesystem (weights and staged tables) and Prefect result storage shared with
     the runs."""
     from gfcr.remote.call import check_pool

@@ -72,6 +72,9 @@ class RunRequest(BaseModel):
     """Run the generate stage on this pool's engine workers (None: in-process)."""
     generate_timeout: float = 600.0
     """With ``generate_pool``: seconds a step's call may wait for a worker and run."""
+    score_pool: str | None = None
+    """Run the scoring filter stages on this pool's engine workers (None: in-process);
+    its calls share ``generate_timeout``."""
 
 
 def resolve(request: RunRequest, store: Any) -> Pipeline:
@@ -127,18 +130,20 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
         tracked = [MlflowHook(request.tracking)] if request.track else []
         return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
                        hooks=[*hooks, *tracked], store=store, stop=stop,
-                       generate_pool=_placement(request))
+                       generate_pool=_placement(request, request.generate_pool),
+                       score_pool=_placement(request, request.score_pool))
     finally:
         store.close()
 
 
-def _placement(request: RunRequest) -> Any:
-    """The request's generate pool (gfcr.remote.dispatch.GeneratePool), or None."""
-    if request.generate_pool is None:
+def _placement(request: RunRequest, pool: str | None) -> Any:
+    """The request's generate or score ``pool`` (gfcr.remote.dispatch.GeneratePool), or
+    None."""
+    if pool is None:
         return None
     from gfcr.remote.dispatch import GeneratePool
 
-    return GeneratePool(pool=request.generate_pool, timeout_s=request.generate_timeout)
+    return GeneratePool(pool=pool, timeout_s=request.generate_timeout)
 
 
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False)
@@ -146,13 +151,13 @@ def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = Non
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
                   track: bool = True, generate_pool: str | None = None,
-                  generate_timeout: float = 600.0) -> Any:
+                  generate_timeout: float = 600.0, score_pool: str | None = None) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout)
+                         generate_timeout=generate_timeout, score_pool=score_pool)
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))

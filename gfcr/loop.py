@@ -87,6 +87,13 @@ class RemoteGenerator(Protocol):
         ...
 
 
+class RemoteScorer(Protocol):
+    """Scoring filter stages run out of process: ``stage``'s result on ``rows`` with its
+    drops marked, or None to run the stage here (gfcr.remote.scoring)."""
+
+    def score(self, ctx: StepContext, stage: Filter, rows: pa.Table) -> pa.Table | None: ...
+
+
 @dataclass
 class Runtime:
     """What the loop drives: the pipeline and the live objects built from it."""
@@ -107,6 +114,8 @@ class Runtime:
     remote: RemoteGenerator | None = None
     """Runs the generate stage elsewhere (gfcr.remote.dispatch: on engine workers);
     None: on ``engine`` in this process."""
+    scoring: RemoteScorer | None = None
+    """Runs the scoring filter stages elsewhere (on engine workers); None: here."""
 
 
 @dataclass
@@ -317,8 +326,10 @@ def _filter_fn(rt: Runtime, ctx: StepContext, s: Filter) -> Callable:
         table = rt.stash.get(ref)
         complete = pc.equal(table.column(col.STATUS), "complete")
         idx = np.flatnonzero(complete.to_numpy(zero_copy_only=False))
-        result = s.apply(ctx, table.take(idx))
-        merged = merge_back(table, idx, applied(result, s.label))
+        part = table.take(idx)
+        scored = rt.scoring.score(ctx, s, part) if rt.scoring is not None else None
+        merged = merge_back(table, idx, scored if scored is not None
+                            else applied(s.apply(ctx, part), s.label))
         return rt.stash.put(_key(ctx, s.label), merged)
     return fn
 

@@ -28,6 +28,7 @@ from gfcr import checkpoint, names, prefect_crash, resume, storage
 from gfcr.cancel import RunCancelled, Stop, cancelled
 from gfcr.commits import BackgroundCommits, Start, pinned_history, recording
 from gfcr.executors import Call, Executor, PrefectExecutor, named
+from gfcr.remote import scoring
 from gfcr.remote.dispatch import for_run
 from gfcr.loop import Runtime, StepReport, evaluate, run_step
 from gfcr.pipeline import Pipeline
@@ -129,7 +130,8 @@ def new_run_id(pipeline: Pipeline) -> str:
 def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             executor: Executor | str = "prefect", run_id: str | None = None,
             hooks: list[Any] | None = None, store: Any = None,
-            stop: Stop | None = None, generate_pool: Any = None) -> RunSummary:
+            stop: Stop | None = None, generate_pool: Any = None,
+            score_pool: Any = None) -> RunSummary:
     """Run ``pipeline`` to completion and return its summary.
 
     ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
@@ -157,7 +159,7 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             try:
                 resumed = resume.check(store, run_id, pipeline)
                 body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
-                             stop or Stop(), generate_pool)
+                             stop or Stop(), (generate_pool, score_pool))
                 retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
                 return chosen.run(body, run_id=run_id, retried=retried)
             finally:
@@ -168,7 +170,8 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
 
 
 def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any, resumed: bool, stop: Stop, pool: Any) -> Callable[[Call, Start], RunSummary]:
+          stash: Any, resumed: bool, stop: Stop,
+          pools: tuple[Any, Any]) -> Callable[[Call, Start], RunSummary]:
     def body(call: Call, start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
@@ -179,8 +182,9 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
         try:
             _emit(hooks, "on_phase", phase="building the policy and the task")
             rt, policy = _build(pipeline, run_id, stash, store, commits)
-            rt.remote = for_run(pool, rt, run_id, root, policy, lambda m: _emit(
-                hooks, "on_warning", message=m, count=1))
+            warn = lambda m: _emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
+            rt.remote = for_run(pools[0], rt, run_id, root, policy, warn)
+            rt.scoring = scoring.for_run(pools[1], rt, run_id, root, warn)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
                                   commits, stop), started, resumed)
             status = "finished"

@@ -1,5 +1,6 @@
 """Engine workers: a run's generate stage on long-lived worker processes (issue 16).
 
 :mod:`gfcr.remote.call` (the call as data), :mod:`gfcr.remote.worker` (the worker side,
-``gfcr engine-worker``), :mod:`gfcr.remote.dispatch` (the run side, ``--generate-pool``).
+``gfcr engine-worker``), :mod:`gfcr.remote.dispatch` (the run side, ``--generate-pool``),
+:mod:`gfcr.remote.scoring` (scoring filter stages on the workers, ``--score-pool``).
 """

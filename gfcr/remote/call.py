@@ -82,6 +82,39 @@ class GenerateCall(BaseModel):
         return f"{label}[step={self.step}{suffix}]"
 
 
+class ScoreCall(BaseModel):
+    """One scoring filter stage call of one step's round (gfcr.remote.scoring): the rows
+    to score as a Parquet file in the run's staging folder, the stage's and the task's
+    configs, and where the worker writes the scored rows (with the stage's drops marked)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    step: int
+    round: int = 0
+    quota: int | None = None
+    seed: int
+    policy_version: int
+    stage: dict[str, Any]
+    task: dict[str, Any]
+    rows: str
+    """Parquet file of the step's complete rollouts the stage scores."""
+    out: str
+    """Where the worker writes the scored rows (Parquet)."""
+    code_hash: str
+    spec_hash: str
+    """spec_hash(stage, (), {}, {}, task)."""
+    store: str | None = None
+    snapshot: int | None = None
+    """The step's History, as in GenerateCall."""
+
+    @property
+    def name(self) -> str:
+        label = self.stage.get("name") or self.stage["type"]
+        suffix = f",round={self.round}" if self.round else ""
+        return f"{label}[step={self.step}{suffix}]"
+
+
 def history_at(ctx: Any) -> dict[str, Any]:
     """The call fields that name ``ctx``'s History (its store and snapshot), so a worker
     reads what the step's stages read here. Reading the snapshot builds the step's

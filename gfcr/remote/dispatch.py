@@ -6,7 +6,8 @@ not yet published (:mod:`gfcr.weights`), writes the plan as Parquet in the run's
 folder, submits one task run with ``.delay()`` (one per step's batch, never one per
 rollout) and waits for it, bounded: a run whose task no worker takes says so after
 ``warn_s`` and fails after ``timeout_s`` naming the pool (Prefect's own ``.result()``
-would wait forever), deleting the queued task run so no worker runs it later.
+would wait forever), deleting the queued task run so no worker runs it later. That
+sending and waiting is :class:`PoolCalls`, which the score calls share (gfcr.remote.scoring).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gfcr.remote.ahead import STEP_VERSION, plan_ahead, staleness, version_sent
 from gfcr.remote.call import (GenerateCall, check_pool, code_hash, history_at, read_parquet,
                               spec_hash)
-from gfcr.remote.worker import BEAT
+from gfcr.remote.worker import BEAT, pool_task
 from gfcr.weights import MissingVersion, WeightStore, directory
 
 log = logging.getLogger("gfcr.remote")
@@ -79,11 +80,13 @@ def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path, p
 
 @dataclass
 class _Sent:
-    """A call sent to the pool: its task run, and the plan it was sent with."""
+    """A call sent to a pool: its task run, and the table it was sent with."""
 
-    call: GenerateCall
+    call: Any
+    """A GenerateCall or a ScoreCall (gfcr.remote.call)."""
     future: Any
     plan: pa.Table
+    """The call's input table (a generate call's plan, a score call's rows)."""
     sent: float
     delay_s: float
     """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
@@ -109,6 +112,7 @@ class RemoteGenerate:
         self.published: int | None = None
         self.publish_s = 0.0  # publishing weights since the last step's metrics
         self.notify = notify or log.warning
+        self.calls = PoolCalls(placement, pool_task, self.notify)
         self.ahead: dict[int, _Sent] = {}
         self.reports: list[dict[str, Any]] = []
         """What each finished call's worker reported, with the call's name and wall time."""
@@ -129,7 +133,7 @@ class RemoteGenerate:
             sent = self._send(ctx, gen, plan, hooks, engine, version)
         if ctx.round == 0:
             self._send_ahead(ctx.step, gen, hooks, engine)
-        report = self._wait(sent)
+        report = self.calls.wait(sent)
         report.update(name=sent.call.name, step=ctx.step, delay_s=sent.delay_s,
                       wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
         self.reports.append(report)
@@ -158,15 +162,11 @@ class RemoteGenerate:
         """Send ``plan`` to the pool, generated with ``version`` (None: the current one;
         an older one when a resumed run sends again what was in flight, see ahead.py)."""
         from gfcr.remote.call import write_parquet
-        from gfcr.remote.worker import pool_task
 
         started = time.perf_counter()
         call = self._call(ctx, gen, hooks, engine, self._published(version))
         write_parquet(call.plan, plan)
-        delaying = time.perf_counter()
-        future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
-            name=call.name, call=call.model_dump(mode="json")))
-        return _Sent(call, future, plan, started, time.perf_counter() - delaying)
+        return self.calls.send(call, plan, started)
 
     def _drop(self, sent: _Sent) -> None:
         """Forget a call sent ahead: delete its task run if no worker took it yet."""
@@ -212,7 +212,23 @@ class RemoteGenerate:
                             code_hash=code_hash(), spec_hash=spec_hash(**dumps),
                             **history_at(ctx), **dumps)
 
-    def _wait(self, sent: _Sent) -> dict[str, Any]:
+class PoolCalls:
+    """Sends calls of one kind to a pool's Prefect task and waits for each, bounded (see
+    the module docstring): shared by the generate and the score calls. ``task(pool)`` is
+    the pool's task (gfcr.remote.worker); a call is a model with ``name`` and ``out``."""
+
+    def __init__(self, placement: GeneratePool, task: Callable[[str], Any],
+                 notify: Callable[[str], None]) -> None:
+        self.placement, self.task, self.notify = placement, task, notify
+
+    def send(self, call: Any, inputs: pa.Table, started: float) -> _Sent:
+        """Submit ``call`` (whose input tables are already staged) with ``.delay()``."""
+        delaying = time.perf_counter()
+        future = _outside_runs(lambda: self.task(self.placement.pool).delay(
+            name=call.name, call=call.model_dump(mode="json")))
+        return _Sent(call, future, inputs, started, time.perf_counter() - delaying)
+
+    def wait(self, sent: _Sent) -> dict[str, Any]:
         """The call's result, waiting at most ``timeout_s`` (from its last sending):
         NoEngineWorker naming the pool when no worker took it, TimeoutError when one took
         it and ran too long; sent again when its worker's heartbeat stops (``lost_s``)."""
@@ -245,7 +261,7 @@ class RemoteGenerate:
                 else:
                     sent.future.wait(timeout=min(1.0, max(0.1, limit - waited)))
 
-    def _lost(self, call: GenerateCall, waited: float) -> bool:
+    def _lost(self, call: Any, waited: float) -> bool:
         """Whether the worker running ``call`` stopped its heartbeat (none yet: counted
         from when the run started waiting)."""
         beat = Path(call.out + BEAT)
@@ -254,14 +270,8 @@ class RemoteGenerate:
 
     def _again(self, sent: _Sent) -> _Sent:
         """``sent``'s call sent once more, writing to a new output file."""
-        from gfcr.remote.worker import pool_task
-
         out = f"{sent.call.out.removesuffix('.parquet')}-again{secrets.token_hex(2)}.parquet"
-        call = sent.call.model_copy(update={"out": out})
-        delaying = time.perf_counter()
-        future = _outside_runs(lambda: pool_task(self.placement.pool).delay(
-            name=call.name, call=call.model_dump(mode="json")))
-        return _Sent(call, future, sent.plan, sent.sent, time.perf_counter() - delaying)
+        return self.send(sent.call.model_copy(update={"out": out}), sent.plan, sent.sent)
 
     def _give_up(self, client: Any, sent: _Sent, name: str, queued: bool) -> None:
         pool, limit = self.placement.pool, self.placement.timeout_s
@@ -273,6 +283,7 @@ class RemoteGenerate:
                 "(same Prefect API and result storage), or raise the timeout")
         raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
                            f"finish within {limit:g} s")
+
 
 
 def _outside_runs(submit: Callable[[], Any]) -> Any:

@@ -12,7 +12,10 @@ The pool's task is the function :func:`_generate` under the name
 ``gfcr_generate__<pool>``: Prefect routes a task run to the workers whose task key (the
 function's name and a hash of its code) matches, so each pool is its own queue, and a
 worker whose gfcr differs in other places still takes the call and refuses it, naming
-both code hashes, instead of leaving it queued forever.
+both code hashes, instead of leaving it queued forever. The same process serves the
+pool's score calls (:class:`ScoreCall`, :func:`run_score`) as a second task,
+``gfcr_score__<pool>``: a CPU-only pool is ``gfcr engine-worker --pool cpu`` on a host
+whose runs name it with ``--score-pool cpu``.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from gfcr.remote.call import (GenerateCall, Refused, check_pool, code_hash, read_parquet,
-                              spec_hash, write_parquet)
+from gfcr.remote.call import (GenerateCall, Refused, ScoreCall, check_pool, code_hash,
+                              read_parquet, spec_hash, write_parquet)
 
 log = logging.getLogger("gfcr.engine_worker")
 
@@ -97,10 +100,7 @@ def check(call: GenerateCall) -> tuple[Any, list[Any]]:
     this worker's code or its reading of the configs differs from the run's."""
     from gfcr.stage import lookup
 
-    if call.code_hash != code_hash():
-        raise Refused(f"engine worker {WORKER} runs other code than run {call.run_id!r}: "
-                      f"worker code {code_hash()}, run code {call.code_hash}; start the "
-                      "worker from the same gfcr, stages and store")
+    _same_code(call.run_id, call.code_hash)
     stage = lookup("generate", call.stage["type"]).model_validate(call.stage)
     hooks = [lookup("control", h["type"]).model_validate(h) for h in call.hooks]
     mine = spec_hash(stage.model_dump(mode="json"),
@@ -110,6 +110,13 @@ def check(call: GenerateCall) -> tuple[Any, list[Any]]:
         raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
                       f"differently: worker spec {mine}, run spec {call.spec_hash}")
     return stage, hooks
+
+
+def _same_code(run_id: str, theirs: str) -> None:
+    if theirs != code_hash():
+        raise Refused(f"engine worker {WORKER} runs other code than run {run_id!r}: "
+                      f"worker code {code_hash()}, run code {theirs}; start the "
+                      "worker from the same gfcr, stages and store")
 
 
 def _dump(kind: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +174,7 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
             "worker_s": time.perf_counter() - started}
 
 
-def _history(call: GenerateCall) -> Any:
+def _history(call: GenerateCall | ScoreCall) -> Any:
     """The step's History as the run pinned it: the run's store opened read-only (once
     per worker, gfcr.storage.other_store) at the call's snapshot; None without a store."""
     from gfcr.storage import other_store
@@ -203,25 +210,91 @@ def _sign(name: str) -> None:
         client.set_task_run_name(ctx.task_run.id, signed).raise_for_status()
 
 
-_TASKS: dict[str, Any] = {}
+def run_score(call: ScoreCall) -> dict[str, Any]:
+    """Run one scoring filter stage call: the stage's result on the call's rows, its drops
+    marked (gfcr.filters.applied), written where the call says; what it reports (with the
+    warnings the stage gave, which the run gives again on its side)."""
+    import warnings
+
+    from gfcr.filters import applied
+    from gfcr.stage import StepContext
+
+    started = time.perf_counter()
+    _same_code(call.run_id, call.code_hash)
+    stage, task = _scorer(call)
+    with _beating(call.out + BEAT), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ctx = StepContext(run_id=call.run_id, step=call.step, seed=call.seed,
+                          policy_version=call.policy_version, task=task,
+                          history=_history(call), round=call.round, quota=call.quota)
+        table = applied(stage.apply(ctx, read_parquet(call.rows)), stage.label)
+    write_parquet(call.out, table)
+    return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
+            "warnings": [str(w.message) for w in said],
+            "worker_s": time.perf_counter() - started}
+
+
+_SCORERS: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+
+
+def _scorer(call: ScoreCall) -> tuple[Any, Any]:
+    """The call's stage and task, rebuilt from their configs once per (stage, task) and
+    kept (a verifier's sandbox or compiled pattern is built once); Refused when this
+    worker reads the configs differently from the run."""
+    from gfcr.stage import lookup
+
+    if call.spec_hash not in _SCORERS:
+        stage = lookup("filter", call.stage["type"]).model_validate(call.stage)
+        task = lookup("task", call.task["type"]).model_validate(call.task)
+        mine = spec_hash(stage.model_dump(mode="json"), (), {}, {},
+                         task.model_dump(mode="json"))
+        if mine != call.spec_hash:
+            raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
+                          f"differently: worker spec {mine}, run spec {call.spec_hash}")
+        while len(_SCORERS) >= 8:
+            _SCORERS.popitem(last=False)
+        _SCORERS[call.spec_hash] = (stage, task)
+    return _SCORERS[call.spec_hash]
+
+
+def _score(name: str, call: dict[str, Any]) -> dict[str, Any]:
+    """The score task's body: one scoring filter stage call."""
+    parsed = ScoreCall.model_validate(call)
+    _sign(name)
+    report = run_score(parsed)
+    log.info("%s ran on engine worker %s (%d rows, %.2f s)", name, WORKER, report["rows"],
+             report["worker_s"])
+    return report
+
+
+_TASKS: dict[tuple[str, str], Any] = {}
 
 
 def pool_task(pool: str) -> Any:
-    """The Prefect task for ``pool`` (built once per process): the one the run submits
-    with ``.delay()`` and the worker serves, under the key ``gfcr_generate__<pool>``."""
+    """The Prefect task for ``pool``'s generate calls (built once per process): the one
+    the run submits with ``.delay()`` and the worker serves, under the key
+    ``gfcr_generate__<pool>``."""
+    return _task(_generate, "generate", pool)
+
+
+def score_task(pool: str) -> Any:
+    """The Prefect task for ``pool``'s score calls, key ``gfcr_score__<pool>``."""
+    return _task(_score, "score", pool)
+
+
+def _task(body: Any, what: str, pool: str) -> Any:
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
     check_pool(pool)
-    if pool not in _TASKS:
-        fn = types.FunctionType(_generate.__code__, _generate.__globals__,
-                                f"gfcr_generate__{pool}")
+    if (what, pool) not in _TASKS:
+        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}")
         fn.__qualname__ = fn.__name__
-        fn.__doc__ = _generate.__doc__
-        fn.__annotations__ = dict(_generate.__annotations__)
-        _TASKS[pool] = task(name=f"generate@{pool}", task_run_name="{name}",
-                            cache_policy=NO_CACHE, persist_result=True, retries=0)(fn)
-    return _TASKS[pool]
+        fn.__doc__ = body.__doc__
+        fn.__annotations__ = dict(body.__annotations__)
+        _TASKS[what, pool] = task(name=f"{what}@{pool}", task_run_name="{name}",
+                                  cache_policy=NO_CACHE, persist_result=True, retries=0)(fn)
+    return _TASKS[what, pool]
 
 
 def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
@@ -246,4 +319,4 @@ def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
     load_plugins()  # the stages' and engines' imports, before the first call
     for module in imports:
         importlib.import_module(module)
-    serve(pool_task(pool), limit=limit, timeout=timeout)
+    serve(pool_task(pool), score_task(pool), limit=limit, timeout=timeout)

@@ -69,9 +69,9 @@ def _rows(root: Path, run_id: str, columns: list[str] = COMPARE) -> list[dict[st
     return table.select(columns).to_pylist()
 
 
-def _ran_on(names: set[str]) -> dict[str, tuple[str, str]]:
-    """Call name -> (engine worker, final state) of the pool's task runs: each worker
-    renames the task run it takes ``NAME @ WORKER``."""
+def _ran_on(names: set[str], what: str = "generate") -> dict[str, tuple[str, str]]:
+    """Call name -> (engine worker, final state) of the pool's ``what`` task runs: each
+    worker renames the task run it takes ``NAME @ WORKER``."""
     from prefect import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
@@ -80,7 +80,7 @@ def _ran_on(names: set[str]) -> dict[str, tuple[str, str]]:
         runs = client.read_task_runs(task_run_filter=TaskRunFilter(
             name=TaskRunFilterName(any_=signed)))
     return {r.name.split(" @ ")[0]: (r.name.split(" @ ")[1], r.state.type.value)
-            for r in runs if r.task_key.startswith(f"gfcr_generate__{POOL}")}
+            for r in runs if r.task_key.startswith(f"gfcr_{what}__{POOL}")}
 
 
 def test_generate_runs_on_the_workers_with_the_in_process_rollouts(
@@ -105,6 +105,49 @@ def test_generate_runs_on_the_workers_with_the_in_process_rollouts(
                                          remote.run_id).iterdir())
     assert published == [f"v{v:06d}" for v in sorted(versions)]
     assert not (tmp_path / "remote" / "staging" / remote.run_id).exists()
+
+
+def test_scoring_runs_on_the_workers_with_the_in_process_scores(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # Verify (the task's scorer) on a worker of the pool; DynamicSampling, which drops
+    # flat groups by the rewards, stays in-process and drops the same rows
+    pipeline = tiny_pipeline(steps=2, task=Digits()).with_overrides(["group.max_tokens=1"])
+    local = execute(pipeline, root=tmp_path / "local", executor="local")
+    remote = execute(pipeline, root=tmp_path / "remote", executor="local",
+                     score_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    scored = [*COMPARE, "rewards", "score_error", "score_isolation", "drop_reason"]
+    a = _rows(tmp_path / "local", local.run_id, scored)
+    b = _rows(tmp_path / "remote", remote.run_id, scored)
+    assert len(a) == 2 * 16 and a == b
+    assert {r["score_isolation"] for r in b} == {"in_process"}
+    assert remote.accuracy_after == local.accuracy_after
+    names = {f"verify[step={step}]" for step in range(2)}
+    ran_on = _ran_on(names, "score")
+    assert set(ran_on) == names and all(s == "COMPLETED" for _, s in ran_on.values())
+    assert not _ran_on({f"dynamic_sampling[step={step}]" for step in range(2)}, "score")
+
+
+def test_a_code_verifier_on_a_worker_still_runs_in_the_sandbox(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    import json
+
+    from gfcr.remote.scoring import RemoteScore
+    from stages import CodeTests, Sandbox
+    from tests.resources.rollouts import context, rollouts
+
+    tests = json.dumps({"tests": ["assert f() == 1"]})
+    table = rollouts(["g"] * 2, completion=["def f():\n    return 1", "def f():\n    return 2"],
+                     meta=[tests] * 2, answer=[None] * 2)
+    stage = Verify(scorer=CodeTests(sandbox=Sandbox(cpu_seconds=1, wall_seconds=3.0,
+                                                    memory_mb=256)), timeout=20.0)
+    remote = RemoteScore(GeneratePool(pool=POOL, timeout_s=240, warn_s=120),
+                         pipeline=tiny_pipeline(), run_id="code", root=tmp_path,
+                         notify=print)
+    out = remote.score(context(task=tiny_pipeline().task), stage, table)
+    assert out is not None
+    assert out.column("reward").to_pylist() == [1.0, 0.0]
+    assert out.column("score_isolation").to_pylist() == ["namespaces"] * 2
+    assert remote.reports[0]["worker"] in WORKERS
 
 
 def test_in_flight_hooks_run_on_the_workers(tmp_path: Path,
