@@ -141,6 +141,8 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
     an :class:`~gfcr.executors.Executor` or its name ("prefect", "local"). When ``stop``
     is requested the run ends at the next step boundary and raises RunCancelled.
+    ``generate_pool`` and ``score_pool`` (a pool name or its settings) send the generate
+    and the scoring stages to engine workers (gfcr.remote); None: this process.
     """
     lake = storage.backend()
     root = Path(root).resolve()
