@@ -76,10 +76,7 @@ class GenerateCall(BaseModel):
 
     @property
     def name(self) -> str:
-        """The task run's name: the stage call's, as the in-process loop names it."""
-        label = self.stage.get("name") or self.stage["type"]
-        suffix = f",round={self.round}" if self.round else ""
-        return f"{label}[step={self.step}{suffix}]"
+        return task_run_name(self.stage, self.step, self.round)
 
 
 class ScoreCall(BaseModel):
@@ -110,9 +107,14 @@ class ScoreCall(BaseModel):
 
     @property
     def name(self) -> str:
-        label = self.stage.get("name") or self.stage["type"]
-        suffix = f",round={self.round}" if self.round else ""
-        return f"{label}[step={self.step}{suffix}]"
+        return task_run_name(self.stage, self.step, self.round)
+
+
+def task_run_name(stage: dict[str, Any], step: int, round: int) -> str:
+    """A call's task run name: the stage call's, as the in-process loop names it."""
+    label = stage.get("name") or stage["type"]
+    suffix = f",round={round}" if round else ""
+    return f"{label}[step={step}{suffix}]"
 
 
 def history_at(ctx: Any) -> dict[str, Any]:
