@@ -14,6 +14,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +22,9 @@ from rich.console import Console
 from rich.table import Table
 
 FORMATS = ("table", "csv", "json")
+INTERRUPT_SECONDS = 30.0
+"""How long Ctrl-C keeps interrupting a query that has not ended (one that started after
+an interrupt call runs on unless interrupted again)."""
 
 
 class QueryFailed(Exception):
@@ -99,8 +103,10 @@ def interruptible(work: Callable[[], Any], interrupt: Callable[[], None],
         while worker.is_alive():
             worker.join(0.1)
             if stop.is_set():
-                interrupt()  # again: the query may have started after the first call
-                worker.join(10)
+                deadline = time.monotonic() + INTERRUPT_SECONDS
+                while worker.is_alive() and time.monotonic() < deadline:
+                    interrupt()  # again and again: the query may start after a call
+                    worker.join(0.1)
                 raise KeyboardInterrupt
     finally:
         signal.signal(signal.SIGINT, previous)
