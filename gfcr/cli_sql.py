@@ -110,6 +110,8 @@ def interruptible(work: Callable[[], Any], interrupt: Callable[[], None],
                 raise KeyboardInterrupt
     finally:
         signal.signal(signal.SIGINT, previous)
+    if stop.is_set():  # what the interrupted work raised (DuckDB: "interrupted", or
+        raise KeyboardInterrupt  # "connection already closed" mid-open) is Ctrl-C's doing
     if "error" in result:
         raise result["error"]
     return result["value"]
