@@ -5,8 +5,9 @@
 names its run, configs and policy version; the worker builds the policy, engine and task
 from the configs once per (run, policy/engine/task config) and keeps them loaded between
 tasks (:class:`Engines`), loads the weight version the call names in place when it is not
-the one loaded, runs the generate stage (with the in-flight hooks the call names, and the step's
-History: the run's store opened read-only at the call's snapshot) and writes the rollouts as a Parquet file where the call says.
+the one loaded, runs the generate stage (with the in-flight hooks the call names, and the
+step's History: the run's store opened read-only at the call's snapshot) and writes the
+rollouts as a Parquet file where the call says.
 
 The pool's task is the function :func:`_generate` under the name
 ``gfcr_generate__<pool>``: Prefect routes a task run to the workers whose task key (the
@@ -104,7 +105,8 @@ def check(call: GenerateCall) -> tuple[Any, list[Any]]:
     stage = lookup("generate", call.stage["type"]).model_validate(call.stage)
     hooks = [lookup("control", h["type"]).model_validate(h) for h in call.hooks]
     mine = spec_hash(stage.model_dump(mode="json"),
-                     tuple(h.model_dump(mode="json") for h in hooks), _dump("policy", call.policy), _dump("engine", call.engine),
+                     tuple(h.model_dump(mode="json") for h in hooks),
+                     _dump("policy", call.policy), _dump("engine", call.engine),
                      _dump("task", call.task))
     if mine != call.spec_hash:
         raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "

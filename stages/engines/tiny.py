@@ -1,9 +1,10 @@
 """Policies the HF engine runs: a config-built tiny Llama and any local HF checkpoint.
 
 ``tiny_llama`` is the embedded default's policy: a real ``transformers.LlamaForCausalLM``
-built from a ``LlamaConfig`` (random weights under a fixed seed, float32) with a
-file-free byte or character tokenizer (:mod:`stages.engines.tokenizers`), so a pipeline runs on a laptop CPU with nothing
-downloaded. ``hf_checkpoint`` loads a model and tokenizer from a local directory only.
+built from a ``LlamaConfig`` (random weights under a fixed seed, float32) with a file-free
+byte or character tokenizer (:mod:`stages.engines.tokenizers`), so a pipeline runs on a
+laptop CPU with nothing downloaded. ``hf_checkpoint`` loads a model and tokenizer from a
+local directory only.
 
 >>> policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2).build(seed=0)
 >>> policy.tokenizer.decode(policy.tokenizer.encode("1+1="))

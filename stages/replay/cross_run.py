@@ -4,9 +4,10 @@ SAPO (Swarm sAmpling Policy Optimization; "Sharing is Caring: Efficient LM Post-
 with Collective RL Experience Sharing", Gensyn 2025): each node trains on its own
 rollouts plus rollouts other nodes shared, so a success found by one policy propagates.
 Here the "network" is any rollout store: the step's context opens the store folder
-``source`` read-only (``StepContext.other_store``, once per process) and each step picks ``groups`` groups among those with a complete, scored row
-that satisfies the SQL condition ``where``, and appends all their complete, scored rows
-(whole groups: GRPO's baseline needs them) as replayed rows. Rows of the current run are
+``source`` read-only (``StepContext.other_store``, once per process) and each step picks
+``groups`` groups among those with a complete, scored row that satisfies the SQL condition
+``where``, and appends all their complete, scored rows (whole groups: GRPO's baseline
+needs them) as replayed rows. Rows of the current run are
 never taken (that is :class:`~stages.replay.rollout_replay.RolloutReplay`). Lineage is
 kept: ``parent_id`` is the source rollout, and the declared extra column
 ``replay_source`` names the source store and run (``"<store uri>#<run id>"``).
