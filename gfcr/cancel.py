@@ -81,10 +81,13 @@ def cancelled(run_id: str, *, last_step: int | None, checkpoint: Path | None,
 
 
 @contextmanager
-def on_signals(stop: Stop) -> Iterator[None]:
+def on_signals(stop: Stop, *, last: bool = False) -> Iterator[None]:
     """While inside: the first SIGINT or SIGTERM requests ``stop``; a second one raises
     KeyboardInterrupt at once. Outside the main thread (where Python cannot catch
-    signals) it does nothing. The handlers before are put back on exit."""
+    signals) it does nothing. The handlers before are put back on exit, except with
+    ``last`` (the process ends with the run: ``gfcr run``) once a stop was requested: a
+    second signal that comes after the run has stopped then has nothing left to stop and
+    is ignored, where Python's own handler would abort the command's last words."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -102,5 +105,8 @@ def on_signals(stop: Stop) -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        if last and stop.requested:
+            stop.ending = True  # our handler stays: it marks a later signal, raises nothing
+        else:
+            for sig, old in previous.items():
+                signal.signal(sig, old)

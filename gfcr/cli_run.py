@@ -27,7 +27,7 @@ def run(request: RunRequest, executor: str, *, hooks: list[Any],
     if isinstance(chosen, PrefectExecutor):
         return _in_flow(request, hooks)
     stop = Stop(notify=notify)
-    with on_signals(stop):
+    with on_signals(stop, last=True):
         try:
             return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
         except Exception as exc:  # what the second signal interrupted raised, or the end
