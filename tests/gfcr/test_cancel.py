@@ -106,7 +106,9 @@ def test_sigterm_cancels_gfcr_run_at_a_step_boundary_and_resume_completes_it(
 
 def test_a_second_sigint_stops_at_once_and_loses_no_committed_step(tmp_path):
     root = tmp_path / "root"
-    child = _start(tmp_path, 30, "--executor", "local")
+    # many steps: on a loaded machine the poll may see step 0 only when a short run is
+    # nearly done, and a run must still be going when the signals come
+    child = _start(tmp_path, 400, "--executor", "local")
     run_id = _wait_for_step(root, 0, child)
     child.send_signal(signal.SIGINT)
     time.sleep(0.05)
@@ -119,7 +121,7 @@ def test_a_second_sigint_stops_at_once_and_loses_no_committed_step(tmp_path):
 
     status, steps, rows, ids = _stored(root, run_id)
     assert status == "cancelled" and rows == ids
-    assert steps == list(range(len(steps))) and len(steps) < 30  # whole steps, a prefix
+    assert steps == list(range(len(steps))) and len(steps) < 400  # whole steps, a prefix
 
 
 def test_a_stop_request_is_set_once_by_whoever_asks_first():
