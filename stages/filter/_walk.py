@@ -1,0 +1,362 @@
+"""The harness's walk over the tests (see :mod:`stages.filter.harness`): static statements
+evaluated, loops unrolled, check functions inlined, asserts split into probes.
+
+The walk keeps ``env``, the static values bound so far (the judge's to use, and sent
+into the sandbox only as inputs), and ``dynamic``, the names bound in the sandbox. A
+name neither static nor bound by the tests is the program's (or a builtin's).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+from stages.filter import _judge, _values
+
+MAX_PROBES = 20_000
+"""Most probes one test suite may unroll to."""
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_CONVERSIONS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "dict", "str",
+                          "len", "sum", "min", "max"})
+"""Judge functions that, applied to a program's value alone, run in the sandbox with it
+(``list(f(x))`` of a generator): their inputs are the program's, not the test's."""
+
+
+@dataclass(frozen=True, eq=False)
+class Check:
+    """One assert: the judge's expression over static values and probe values, or
+    (``raises``) the exceptions one of its probes must raise."""
+
+    source: str
+    judge: ast.expr | None
+    env: dict[str, Any]
+    probes: tuple[int, ...]
+    raises: tuple[str, ...] = ()
+
+
+def _refuse(node: ast.AST, why: str) -> ValueError:
+    return ValueError(f"code verifier: test `{ast.unparse(node)[:200]}` {why}; only asserts "
+                      f"the harness judges outside the program are run (a check the "
+                      f"program's own process makes, the program can forge)")
+
+
+def _bound_inside(node: ast.AST) -> set[str]:
+    """Names a comprehension or lambda inside ``node`` binds for itself."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.comprehension):
+            names |= {n.id for n in ast.walk(sub.target) if isinstance(n, ast.Name)}
+        elif isinstance(sub, ast.Lambda):
+            names |= {a.arg for a in sub.args.args + sub.args.kwonlyargs}
+    return names
+
+
+def free_names(node: ast.AST) -> set[str]:
+    """Names ``node`` reads that it does not bind itself."""
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return read - _bound_inside(node)
+
+
+def _has_assert(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Assert) for n in ast.walk(node))
+
+
+class Planner:
+    """Walks test statements in the order they run; collects the sandbox's lines and the
+    checks judged outside."""
+
+    def __init__(self, program_names: set[str]) -> None:
+        self.env: dict[str, Any] = {"__name__": "__main__"}
+        self.dynamic: set[str] = set(program_names)
+        self.defined: set[str] = set()
+        self.check_functions: dict[str, ast.FunctionDef] = {}
+        self.lines: list[str] = []
+        self.checks: list[Check] = []
+        self.count = 0
+        self.called: set[str] = set()
+        self.libraries: set[str] = set()
+
+    # --- what is static -------------------------------------------------------------
+    def is_static_name(self, name: str) -> bool:
+        return name in self.env or (name not in self.dynamic and name in _judge.FUNCTIONS)
+
+    def static(self, node: ast.expr) -> bool:
+        """Whether the judge can evaluate ``node`` from the static values alone."""
+        if not all(self.is_static_name(n) for n in free_names(node)):
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield,
+                                ast.YieldFrom, ast.JoinedStr, ast.Starred)):
+                return False
+            if isinstance(sub, ast.Attribute) and not (
+                    isinstance(sub.value, ast.Name) and
+                    isinstance(self.env.get(sub.value.id), _judge.Module)):
+                return False
+        return True
+
+    # --- statements -----------------------------------------------------------------
+    def statement(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Assert):
+            self.assertion(node)
+        elif isinstance(node, ast.FunctionDef) and _has_assert(node):
+            self.check_functions[node.name] = node
+            self.dynamic.add(node.name)
+        elif isinstance(node, ast.Expr) and self.inline(node.value):
+            pass
+        elif isinstance(node, ast.For) and not node.orelse and _has_assert(node):
+            self.unroll(node)
+        elif isinstance(node, ast.If) and _has_assert(node):
+            if not self.static(node.test):
+                raise _refuse(node.test, "is a condition on the program's values around "
+                                         "an assert")
+            for inner in node.body if _judge.evaluate(node.test, self.env) else node.orelse:
+                self.statement(inner)
+        elif isinstance(node, ast.Try) and _has_assert(node):
+            self.expects_raise(node)
+        elif _has_assert(node):
+            raise _refuse(node, f"holds an assert in a {type(node).__name__.lower()} "
+                                f"statement the harness cannot unroll")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            self.imports(node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                self.static(node.value) and self.assign(node.targets[0], node.value):
+            pass
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) \
+                and not isinstance(node, ast.Pass):
+            self.emit(node)
+
+    def emit(self, node: ast.stmt) -> None:
+        """Run ``node`` in the sandbox: the static values it reads go in first."""
+        for name in sorted(free_names(node) & set(self.env)):
+            value = self.env.pop(name)
+            self.dynamic.add(name)
+            if not isinstance(value, _judge.Module):
+                self.lines.append(f"{name} = {self._source(node, value)}")
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                self.dynamic.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+                self.dynamic.add(sub.name)
+                self.defined.add(sub.name)
+        for name in self.dynamic:
+            self.env.pop(name, None)
+        self.lines.append(ast.unparse(node))
+
+    def finish(self) -> None:
+        """pytest-style ``def test_...():`` functions the tests never call run now."""
+        for name, func in list(self.check_functions.items()):
+            if name.startswith("test") and not func.args.args and name not in self.called:
+                self.inline(ast.Call(ast.Name(name, ast.Load()), [], []))
+
+    def _source(self, node: ast.AST, value: Any) -> str:
+        try:
+            return _values.source(value)
+        except ValueError as err:
+            raise _refuse(node, f"needs a value the harness cannot send in ({err})") from None
+
+    def assign(self, target: ast.expr, value: ast.expr) -> bool:
+        """Bind a static assignment outside the sandbox; False to run it inside."""
+        try:
+            result = _judge.evaluate(value, self.env)
+            scope: dict[str, Any] = {}
+            _judge.bind(target, result, scope)
+        except (ValueError, TypeError, ArithmeticError, LookupError, RecursionError):
+            return False
+        for name, bound in scope.items():
+            self.env[name] = bound
+            self.dynamic.discard(name)
+        return True
+
+    def imports(self, node: ast.Import | ast.ImportFrom) -> None:
+        """An import runs in the sandbox; the judge's modules are bound outside too."""
+        self.lines.append(ast.unparse(node))
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if isinstance(node, ast.Import) and alias.name in _judge.MODULES:
+                self.env[bound] = _judge.Module(alias.name)
+                self.dynamic.discard(bound)
+            elif isinstance(node, ast.ImportFrom) and node.module in _judge.MODULES and \
+                    alias.name in _judge.MODULES[node.module]:
+                self.env[bound] = _judge.MODULES[node.module][alias.name]
+                self.dynamic.discard(bound)
+            else:
+                self.dynamic.add(bound)
+                self.libraries.add(bound)
+                self.env.pop(bound, None)
+
+    def inline(self, call: ast.expr) -> bool:
+        """``check(f)`` of a check function: its body walked with its parameters bound."""
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and
+                call.func.id in self.check_functions):
+            return False
+        func = self.check_functions[call.func.id]
+        self.called.add(func.name)
+        params = [a.arg for a in func.args.args]
+        if call.keywords or len(call.args) != len(params) or func.args.vararg or \
+                func.args.kwonlyargs or func.args.kwarg:
+            raise _refuse(call, "calls a check function other than with one argument "
+                                "for each of its parameters")
+        renames: dict[str, str] = {}
+        for param, arg in zip(params, call.args):
+            if isinstance(arg, ast.Name) and not self.static(arg):
+                renames[param] = arg.id
+            elif self.static(arg):
+                self.env[param] = _judge.evaluate(arg, self.env)
+                self.dynamic.discard(param)
+            else:
+                raise _refuse(call, "passes a check function an argument that is neither "
+                                    "a name nor a static value")
+        body = _Rename(renames).visit(ast.Module(body=func.body, type_ignores=[]))
+        for inner in body.body:
+            self.statement(inner)
+        return True
+
+    def unroll(self, node: ast.For) -> None:
+        if not self.static(node.iter):
+            raise _refuse(node.iter, "is a loop over the program's values around an assert")
+        if any(isinstance(n, (ast.Break, ast.Continue)) for n in ast.walk(node)):
+            raise _refuse(node, "breaks or continues a loop around an assert")
+        for item in _judge.evaluate(node.iter, self.env):
+            _judge.bind(node.target, item, self.env)
+            for name in free_names(node.target):
+                self.dynamic.discard(name)
+            for inner in node.body:
+                self.statement(inner)
+            if self.count > MAX_PROBES:
+                raise _refuse(node, f"unrolls to more than {MAX_PROBES} probes")
+
+    # --- asserts ----------------------------------------------------------------------
+    def assertion(self, node: ast.Assert) -> None:
+        first = self.count
+        judge = self.split(node.test)
+        if self.count > MAX_PROBES:
+            raise _refuse(node, f"takes the tests past {MAX_PROBES} probes")
+        self.checks.append(Check(ast.unparse(node), judge, dict(self.env),
+                                 tuple(range(first, self.count))))
+
+    def split(self, node: ast.expr) -> ast.expr:
+        """``node`` with each part that needs the program replaced by a probe's name."""
+        if self.static(node):
+            return node
+        if isinstance(node, ast.Compare):
+            parts = [self.split(p) for p in (node.left, *node.comparators)]
+            if all(_probed(p) for p in parts):
+                raise _refuse(node, "compares only values computed in the sandbox")
+            return ast.Compare(parts[0], node.ops, parts[1:])
+        if isinstance(node, ast.BoolOp):
+            return ast.BoolOp(node.op, [self.split(v) for v in node.values])
+        if isinstance(node, ast.UnaryOp):
+            return ast.UnaryOp(node.op, self.split(node.operand))
+        if isinstance(node, ast.BinOp):
+            return ast.BinOp(self.split(node.left), node.op, self.split(node.right))
+        if isinstance(node, ast.Set):
+            return ast.Set([self.split(e) for e in node.elts])
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return type(node)([self.split(e) for e in node.elts], ast.Load())
+        if isinstance(node, ast.Call) and self.static(node.func) and not (
+                isinstance(node.func, ast.Name) and node.func.id in _CONVERSIONS and
+                len(node.args) == 1 and not node.keywords):
+            return ast.Call(node.func, [self.split(a) for a in node.args],
+                            [ast.keyword(k.arg, self.split(k.value)) for k in node.keywords])
+        return self.probe(node)
+
+    def probe(self, node: ast.expr) -> ast.expr:
+        """Send ``node`` into the sandbox as a probe; its value comes back by name."""
+        _outputs(node, self)
+        inputs = sorted(n for n in free_names(node) if n in self.env and
+                        not isinstance(self.env[n], _judge.Module))
+        params = ", ".join(f"{n}={self._source(node, self.env[n])}" for n in inputs)
+        self.lines.append(f"__gfcr_values.append(__gfcr_probe(lambda {params}: "
+                          f"({ast.unparse(node)})))")
+        self.count += 1
+        return ast.Name(f"__gfcr_p{self.count - 1}", ast.Load())
+
+    def expects_raise(self, node: ast.Try) -> None:
+        """``try: <calls>; assert False`` (or ``else: assert False``) ``except E: pass``:
+        a check that one of the calls raised E."""
+        body, tail = node.body, node.orelse
+        if not tail:
+            body, tail = node.body[:-1], node.body[-1:]
+        falsy = len(tail) == 1 and (
+            isinstance(tail[0], ast.Assert) and isinstance(tail[0].test, ast.Constant) and
+            not tail[0].test.value or isinstance(tail[0], ast.Raise))
+        names: list[str] = []
+        for handler in node.handlers:
+            kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+            if not all(isinstance(k, ast.Name) for k in kinds) or _has_assert(handler):
+                falsy = False
+            names += [k.id for k in kinds if isinstance(k, ast.Name)]
+        if not (falsy and names and body and not node.finalbody and
+                all(isinstance(s, ast.Expr) for s in body)):
+            raise _refuse(node, "is a try block the harness cannot judge (it judges `try: "
+                                "<calls>; assert False` / `except <Error>: pass`)")
+        first = self.count
+        for stmt in body:
+            assert isinstance(stmt, ast.Expr)
+            self.probe(stmt.value)
+        self.checks.append(Check(ast.unparse(node), None, {},
+                                 tuple(range(first, self.count)), tuple(names)))
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an expression like ``a.b(c).d`` starts from."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _mixed(call: ast.Call, walk: Planner) -> bool:
+    """Whether a call's arguments hold both the program's values and the test's data."""
+    parts = [*call.args, *(k.value for k in call.keywords)]
+    names = set().union(*(free_names(p) for p in parts)) if parts else set()
+    data = any(isinstance(n, ast.Constant) for p in parts for n in ast.walk(p)) or \
+        any(n in walk.env for n in names)
+    return data and any(not walk.is_static_name(n) for n in names)
+
+
+def _probed(node: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id.startswith("__gfcr_p") for n in ast.walk(node))
+
+
+def _outputs(node: ast.expr, walk: Planner) -> None:
+    """Refuse a probe that would compute with the program's values inside the sandbox
+    where its result is judged: only calls, attributes, subscripts, comprehensions and
+    displays of the program's values; static values only as inputs (arguments, indices,
+    the iterables of comprehensions); no function the tests define judging a value."""
+    if isinstance(node, ast.Name):
+        if node.id in walk.env:
+            raise _refuse(node, "uses a static value as a result inside the sandbox")
+    elif isinstance(node, ast.Call):
+        root = _root(node.func)
+        if root in walk.defined:
+            raise _refuse(node, f"is judged by `{root}`, which the tests define and which "
+                                f"runs in the sandbox, where the program can rewrite it")
+        if (root not in walk.dynamic or root in walk.libraries) and _mixed(node, walk):
+            raise _refuse(node, f"passes the program's values and the test's own together to "
+                                f"`{ast.unparse(node.func)[:60]}`, which is not the program's "
+                                f"and runs in the sandbox, where the program can rewrite it")
+        _outputs(node.func, walk)
+    elif isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        _outputs(node.value, walk)
+    elif isinstance(node, _COMPREHENSIONS):
+        for part in ((node.key, node.value) if isinstance(node, ast.DictComp)
+                     else (node.elt,)):
+            _outputs(part, walk)
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for elt in node.elts:
+            _outputs(elt, walk)
+    else:
+        raise _refuse(node, "computes with the program's values inside the sandbox, where "
+                            "the program could forge the result")
+
+
+class _Rename(ast.NodeTransformer):
+    """A check function's parameters renamed to the names it was called with."""
+
+    def __init__(self, renames: dict[str, str]) -> None:
+        self.renames = renames
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(self.renames.get(node.id, node.id), node.ctx)
