@@ -12,8 +12,10 @@ power), so a value from the program cannot make the judgement itself run away.
 from __future__ import annotations
 
 import ast
+import collections
 import math
 import operator
+import random
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable
@@ -33,8 +35,22 @@ MODULES: dict[str, dict[str, Any]] = {
                                            "log", "exp", "sin", "cos", "tan", "atan",
                                            "hypot", "trunc")},
     "fractions": {"Fraction": Fraction}, "decimal": {"Decimal": Decimal},
+    "collections": {n: getattr(collections, n) for n in ("namedtuple", "Counter",
+                                                         "OrderedDict", "defaultdict")},
 }
-"""Modules a test may import for the judge's use, with the members it may use."""
+"""Modules a test may import for the judge's use, with the members it may use. ``random``
+is one too: a seeded generator of the judge's own (see :func:`_generator`), so the
+inputs a test draws are drawn outside and sent in, and its expected values computed
+from them stay outside."""
+
+_DRAWS = ("randint", "random", "choice", "uniform", "sample", "randrange", "gauss")
+
+
+def _generator(seed: Any = 0) -> "Module":
+    rng = random.Random(seed)
+    members = {n: getattr(rng, n) for n in _DRAWS}
+    return Module("random", members | {"Random": _generator, "seed": rng.seed})
+
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -86,10 +102,20 @@ def _compare(node: ast.Compare, env: dict[str, Any]) -> Any:
     return True
 
 
+def _callable(func: Any, node: ast.Call, env: dict[str, Any]) -> bool:
+    """Whether the judge calls ``func``: a listed function, a module's member, or a
+    tuple class ``namedtuple`` made."""
+    if isinstance(node.func, ast.Attribute):
+        return True  # evaluate() gave a member of a Module, or raised
+    if isinstance(func, type) and issubclass(func, tuple) and hasattr(func, "_fields"):
+        return True
+    return any(func is f for f in FUNCTIONS.values()) or \
+        any(func is f for m in MODULES.values() for f in m.values())
+
+
 def _call(node: ast.Call, env: dict[str, Any]) -> Any:
     func = evaluate(node.func, env)
-    if not any(func is f for f in FUNCTIONS.values()) and \
-            not any(func is f for m in MODULES.values() for f in m.values()):
+    if not _callable(func, node, env):
         raise Unjudgeable(f"`{ast.unparse(node.func)}` is not a function the judge calls")
     args: list[Any] = []
     for arg in node.args:
@@ -187,13 +213,18 @@ def evaluate(node: ast.expr, env: dict[str, Any]) -> Any:
 
 
 class Module:
-    """An imported module as the judge sees it: only its listed members."""
+    """An imported module (or a judge's random generator) as the judge sees it: only its
+    listed members."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, members: dict[str, Any] | None = None) -> None:
         self.name = name
+        self.members: dict[str, Any] = MODULES[name] if members is None else members
 
     def member(self, attr: str) -> Any:
-        members = MODULES[self.name]
+        members = self.members
         if attr not in members:
             raise Unjudgeable(f"`{self.name}.{attr}` is not a member the judge uses")
         return members[attr]
+
+
+MODULES["random"] = _generator().members

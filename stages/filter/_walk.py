@@ -77,6 +77,9 @@ class Planner:
         self.count = 0
         self.called: set[str] = set()
         self.libraries: set[str] = set()
+        self.shared: set[str] = set()
+        """Static names that exist in the sandbox too (modules, their members, tuple
+        classes the tests define): never sent in as values."""
 
     # --- what is static -------------------------------------------------------------
     def is_static_name(self, name: str) -> bool:
@@ -129,11 +132,10 @@ class Planner:
 
     def emit(self, node: ast.stmt) -> None:
         """Run ``node`` in the sandbox: the static values it reads go in first."""
-        for name in sorted(free_names(node) & set(self.env)):
+        for name in sorted(free_names(node) & set(self.env) - self.shared):
             value = self.env.pop(name)
             self.dynamic.add(name)
-            if not isinstance(value, _judge.Module):
-                self.lines.append(f"{name} = {self._source(node, value)}")
+            self.lines.append(f"{name} = {self._source(node, value)}")
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
                 self.dynamic.add(sub.id)
@@ -142,6 +144,7 @@ class Planner:
                 self.defined.add(sub.name)
         for name in self.dynamic:
             self.env.pop(name, None)
+            self.shared.discard(name)
         self.lines.append(ast.unparse(node))
 
     def finish(self) -> None:
@@ -167,6 +170,10 @@ class Planner:
         for name, bound in scope.items():
             self.env[name] = bound
             self.dynamic.discard(name)
+            self.shared.discard(name)
+            if isinstance(bound, (type, _judge.Module)):  # a tuple class, a generator
+                self.shared.add(name)
+                self.lines.append(ast.unparse(ast.Assign([target], value, lineno=0)))
         return True
 
     def imports(self, node: ast.Import | ast.ImportFrom) -> None:
@@ -177,10 +184,12 @@ class Planner:
             if isinstance(node, ast.Import) and alias.name in _judge.MODULES:
                 self.env[bound] = _judge.Module(alias.name)
                 self.dynamic.discard(bound)
+                self.shared.add(bound)
             elif isinstance(node, ast.ImportFrom) and node.module in _judge.MODULES and \
                     alias.name in _judge.MODULES[node.module]:
                 self.env[bound] = _judge.MODULES[node.module][alias.name]
                 self.dynamic.discard(bound)
+                self.shared.add(bound)
             else:
                 self.dynamic.add(bound)
                 self.libraries.add(bound)
@@ -265,8 +274,7 @@ class Planner:
     def probe(self, node: ast.expr) -> ast.expr:
         """Send ``node`` into the sandbox as a probe; its value comes back by name."""
         _outputs(node, self)
-        inputs = sorted(n for n in free_names(node) if n in self.env and
-                        not isinstance(self.env[n], _judge.Module))
+        inputs = sorted(n for n in free_names(node) if n in self.env and n not in self.shared)
         params = ", ".join(f"{n}={self._source(node, self.env[n])}" for n in inputs)
         self.lines.append(f"__gfcr_values.append(__gfcr_probe(lambda {params}: "
                           f"({ast.unparse(node)})))")
@@ -308,12 +316,13 @@ def _root(node: ast.expr) -> str | None:
 
 
 def _mixed(call: ast.Call, walk: Planner) -> bool:
-    """Whether a call's arguments hold both the program's values and the test's data."""
+    """Whether a call's arguments hold both the program's values and the test's data
+    (each argument that is not static data must itself be a plain program value)."""
     parts = [*call.args, *(k.value for k in call.keywords)]
-    names = set().union(*(free_names(p) for p in parts)) if parts else set()
-    data = any(isinstance(n, ast.Constant) for p in parts for n in ast.walk(p)) or \
-        any(n in walk.env for n in names)
-    return data and any(not walk.is_static_name(n) for n in names)
+    program = [p for p in parts if not walk.static(p)]
+    for part in program:
+        _outputs(part.value if isinstance(part, ast.Starred) else part, walk)
+    return bool(program) and len(program) < len(parts)
 
 
 def _probed(node: ast.expr) -> bool:
@@ -326,7 +335,7 @@ def _outputs(node: ast.expr, walk: Planner) -> None:
     displays of the program's values; static values only as inputs (arguments, indices,
     the iterables of comprehensions); no function the tests define judging a value."""
     if isinstance(node, ast.Name):
-        if node.id in walk.env:
+        if node.id in walk.env and node.id not in walk.shared:
             raise _refuse(node, "uses a static value as a result inside the sandbox")
     elif isinstance(node, ast.Call):
         root = _root(node.func)
