@@ -32,7 +32,8 @@ VIOLATIONS = frozenset({"wall_time", "cpu_time", "memory", "file_size", "process
 
 _LAUNCHER = Path(__file__).with_name("_launch.py")
 _OUTPUT_CAP = 64 * 1024
-_CHANNEL_CAP = 1 << 20
+_CHANNEL_CAP = 8 << 20
+"""The result channel is a file the program writes: ``file_mb`` bounds it too."""
 _BWRAP_EXIT = 128
 """bwrap reports a program killed by signal ``s`` as exit status 128 + s."""
 

@@ -16,6 +16,8 @@ from stages.filter import _judge, _values
 
 MAX_PROBES = 20_000
 """Most probes one test suite may unroll to."""
+MAX_STEPS = 200_000
+"""Most statements the walk may visit, loops unrolled."""
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _CONVERSIONS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "dict", "str",
@@ -75,6 +77,7 @@ class Planner:
         self.lines: list[str] = []
         self.checks: list[Check] = []
         self.count = 0
+        self.steps = 0
         self.called: set[str] = set()
         self.libraries: set[str] = set()
         self.shared: set[str] = set()
@@ -85,9 +88,10 @@ class Planner:
     def is_static_name(self, name: str) -> bool:
         return name in self.env or (name not in self.dynamic and name in _judge.FUNCTIONS)
 
-    def static(self, node: ast.expr) -> bool:
-        """Whether the judge can evaluate ``node`` from the static values alone."""
-        if not all(self.is_static_name(n) for n in free_names(node)):
+    def static(self, node: ast.expr, bound: set[str] | None = None) -> bool:
+        """Whether the judge can evaluate ``node`` from the static values alone (and
+        the ``bound`` names, a comprehension's targets, when given)."""
+        if not all(self.is_static_name(n) for n in free_names(node) - (bound or set())):
             return False
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield,
@@ -101,6 +105,9 @@ class Planner:
 
     # --- statements -----------------------------------------------------------------
     def statement(self, node: ast.stmt) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise _refuse(node, f"takes the tests past {MAX_STEPS} statements unrolled")
         if isinstance(node, ast.Assert):
             self.assertion(node)
         elif isinstance(node, ast.FunctionDef) and _has_assert(node):
@@ -264,12 +271,30 @@ class Planner:
             return ast.Set([self.split(e) for e in node.elts])
         if isinstance(node, (ast.Tuple, ast.List)):
             return type(node)([self.split(e) for e in node.elts], ast.Load())
+        if isinstance(node, _COMPREHENSIONS) and self.judged_outside(node):
+            first, *rest = node.generators
+            gens = [ast.comprehension(first.target, self.split(first.iter), first.ifs,
+                                      first.is_async), *rest]
+            if isinstance(node, ast.DictComp):
+                return ast.DictComp(node.key, node.value, gens)
+            return type(node)(node.elt, gens)
         if isinstance(node, ast.Call) and self.static(node.func) and not (
                 isinstance(node.func, ast.Name) and node.func.id in _CONVERSIONS and
                 len(node.args) == 1 and not node.keywords):
             return ast.Call(node.func, [self.split(a) for a in node.args],
                             [ast.keyword(k.arg, self.split(k.value)) for k in node.keywords])
         return self.probe(node)
+
+    def judged_outside(self, node: ast.expr) -> bool:
+        """Whether a comprehension over the program's values judges them with the test's
+        own expressions (``all(v > 0 for v in f(x))``): its element and conditions are
+        static given its targets, so only its iterables need the program."""
+        targets = _bound_inside(node)
+        gens: list[ast.comprehension] = node.generators  # type: ignore[attr-defined]
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else \
+            [node.elt]  # type: ignore[attr-defined]
+        static = [*parts, *(c for g in gens for c in g.ifs), *(g.iter for g in gens[1:])]
+        return all(self.static(p, targets) for p in static)
 
     def probe(self, node: ast.expr) -> ast.expr:
         """Send ``node`` into the sandbox as a probe; its value comes back by name."""

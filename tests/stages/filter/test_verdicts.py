@@ -30,7 +30,9 @@ FORMS = {
         "def check(candidate):\n    assert candidate(3) == 9\n"
         "    assert abs(candidate(-2) - 4) < 1e-6\ncheck(square)"),
     "a pytest-style test function": "def test_square():\n    assert square(4) == 16",
-    "an assert in a comprehension's loop over cases": (
+    "a comprehension judging the program's values": (
+        "assert all(v >= 4 for v in [square(2), square(-3)])"),
+    "an assert in a loop over a dict of cases": (
         "cases = {2: 4, 3: 9}\nfor x in sorted(cases):\n    assert square(x) == cases[x]"),
 }
 
