@@ -9,6 +9,7 @@ name neither static nor bound by the tests is the program's (or a builtin's).
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +139,10 @@ class Planner:
             self.emit(node)
 
     def emit(self, node: ast.stmt) -> None:
-        """Run ``node`` in the sandbox: the static values it reads go in first."""
+        """Run ``node`` in the sandbox: the static values it computes with go in as
+        values (``case[0]``, not ``case``), the static names it reads go in first."""
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)):
+            node = _Inline(self, set()).visit(copy.deepcopy(node))  # type: ignore[assignment]
         for name in sorted(free_names(node) & set(self.env) - self.shared):
             value = self.env.pop(name)
             self.dynamic.add(name)
@@ -224,7 +228,7 @@ class Planner:
             else:
                 raise _refuse(call, "passes a check function an argument that is neither "
                                     "a name nor a static value")
-        body = _Rename(renames).visit(ast.Module(body=func.body, type_ignores=[]))
+        body = _Rename(renames).visit(ast.Module(body=copy.deepcopy(func.body), type_ignores=[]))
         for inner in body.body:
             self.statement(inner)
         return True
@@ -299,6 +303,7 @@ class Planner:
     def probe(self, node: ast.expr) -> ast.expr:
         """Send ``node`` into the sandbox as a probe; its value comes back by name."""
         _outputs(node, self)
+        node = _Inline(self, _bound_inside(node)).visit(copy.deepcopy(node))  # type: ignore[assignment]
         inputs = sorted(n for n in free_names(node) if n in self.env and n not in self.shared)
         params = ", ".join(f"{n}={self._source(node, self.env[n])}" for n in inputs)
         self.lines.append(f"__gfcr_values.append(__gfcr_probe(lambda {params}: "
@@ -384,6 +389,26 @@ def _outputs(node: ast.expr, walk: Planner) -> None:
     else:
         raise _refuse(node, "computes with the program's values inside the sandbox, where "
                             "the program could forge the result")
+
+
+class _Inline(ast.NodeTransformer):
+    """Each static part of an expression (``case[0]``, ``n + 1``) replaced by its value,
+    so that only the value the program needs goes into the sandbox, never the static
+    name it was taken from (``case`` may hold the expected value too)."""
+
+    def __init__(self, walk: Planner, bound: set[str]) -> None:
+        self.walk, self.bound = walk, bound
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, ast.expr) and not isinstance(node, (ast.Name, ast.Constant)) \
+                and isinstance(getattr(node, "ctx", ast.Load()), ast.Load) \
+                and not free_names(node) & self.bound and self.walk.static(node):
+            try:
+                text = _values.source(_judge.evaluate(node, self.walk.env))
+            except (ValueError, TypeError, ArithmeticError, LookupError, RecursionError):
+                return super().visit(node)
+            return ast.parse(text, mode="eval").body
+        return super().visit(node)
 
 
 class _Rename(ast.NodeTransformer):

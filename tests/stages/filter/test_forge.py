@@ -63,14 +63,17 @@ def test_honest_code_still_scores(score):
 def test_the_expected_values_never_enter_the_sandbox():
     steps = plan("def f(x):\n    return x", "import math\nassert f(2) == 1234567\n"
                                            "assert 7654321 == f(math.floor(3.5))\n"
-                                           "for x, y in [(5, 2345678)]:\n    assert f(x) == y")
-    for secret in ("1234567", "7654321", "2345678"):
+                                           "for x, y in [(5, 2345678)]:\n    assert f(x) == y\n"
+                                           "for case in [(6, 3456789)]:\n"
+                                           "    assert f(case[0]) == case[1]")
+    for secret in ("1234567", "7654321", "2345678", "3456789"):
         assert secret not in steps.program
     assert "lambda x=5: (f(x))" in steps.program  # an input goes in, its answer does not
-    ok = [["ok", ["int", "1234567"]], ["ok", ["int", "7654321"]], ["ok", ["int", "2345678"]]]
+    ok = [["ok", ["int", "1234567"]], ["ok", ["int", "7654321"]], ["ok", ["int", "2345678"]],
+          ["ok", ["int", "3456789"]]]
     assert passed(steps, json.dumps(ok)) == (True, "")
     assert passed(steps, json.dumps(ok[:2]))[0] is False
-    forged = json.dumps([ok[0], ["unreadable", "Yes: int"], ok[2]])
+    forged = json.dumps([ok[0], ["unreadable", "Yes: int"], *ok[2:]])
     assert "unreadable: Yes" in passed(steps, forged)[1]
 
 

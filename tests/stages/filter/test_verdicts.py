@@ -147,3 +147,16 @@ def test_inputs_a_test_draws_at_random_are_drawn_outside_with_their_answers(scor
     assert score(code, None, tests) == 1.0
     assert score(code.replace("(p[1], p[0])", "p"), None, tests) == 0.0
     assert score(YES + "def add(x, y):\n    return Yes()\nswap = add", None, tests) == 0.0
+
+
+def test_a_program_reading_its_callers_frames_finds_no_expected_value(score):
+    """Only evaluated inputs go in (``square(2)``, not ``case``): a program that looks up
+    the loop's ``case`` in every frame above it finds nothing to copy."""
+    tests = _meta(TOP + "for case in [(2, 4), (3, 9)]:\n    assert square(case[0]) == case[1]")
+    thief = ("import sys\ndef square(x):\n    if x == 0:\n        return 0\n"
+             "    frame = sys._getframe(1)\n    while frame is not None:\n"
+             "        for scope in (frame.f_locals, frame.f_globals):\n"
+             "            if 'case' in scope:\n                return scope['case'][1]\n"
+             "        frame = frame.f_back\n    return -1")
+    assert score(thief, None, tests) == 0.0
+    assert score(HONEST, None, tests) == 1.0
