@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.filter import _judge, _values
+from stages.filter._probes import (COMPREHENSIONS, Inline, bound_inside, free_names,
+                                   has_assert, outputs, probed, refuse)
 
 MAX_PROBES = 20_000
 """Most probes one test suite may unroll to."""
 MAX_STEPS = 200_000
 """Most statements the walk may visit, loops unrolled."""
 
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _CONVERSIONS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "dict", "str",
                           "len", "sum", "min", "max"})
 """Judge functions that, applied to a program's value alone, run in the sandbox with it
@@ -37,33 +38,6 @@ class Check:
     env: dict[str, Any]
     probes: tuple[int, ...]
     raises: tuple[str, ...] = ()
-
-
-def _refuse(node: ast.AST, why: str) -> ValueError:
-    return ValueError(f"code verifier: test `{ast.unparse(node)[:200]}` {why}; only asserts "
-                      f"the harness judges outside the program are run (a check the "
-                      f"program's own process makes, the program can forge)")
-
-
-def _bound_inside(node: ast.AST) -> set[str]:
-    """Names a comprehension or lambda inside ``node`` binds for itself."""
-    names: set[str] = set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.comprehension):
-            names |= {n.id for n in ast.walk(sub.target) if isinstance(n, ast.Name)}
-        elif isinstance(sub, ast.Lambda):
-            names |= {a.arg for a in sub.args.args + sub.args.kwonlyargs}
-    return names
-
-
-def free_names(node: ast.AST) -> set[str]:
-    """Names ``node`` reads that it does not bind itself."""
-    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-    return read - _bound_inside(node)
-
-
-def _has_assert(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
 
 class Planner:
@@ -108,26 +82,26 @@ class Planner:
     def statement(self, node: ast.stmt) -> None:
         self.steps += 1
         if self.steps > MAX_STEPS:
-            raise _refuse(node, f"takes the tests past {MAX_STEPS} statements unrolled")
+            raise refuse(node, f"takes the tests past {MAX_STEPS} statements unrolled")
         if isinstance(node, ast.Assert):
             self.assertion(node)
-        elif isinstance(node, ast.FunctionDef) and _has_assert(node):
+        elif isinstance(node, ast.FunctionDef) and has_assert(node):
             self.check_functions[node.name] = node
             self.dynamic.add(node.name)
         elif isinstance(node, ast.Expr) and self.inline(node.value):
             pass
-        elif isinstance(node, ast.For) and not node.orelse and _has_assert(node):
+        elif isinstance(node, ast.For) and not node.orelse and has_assert(node):
             self.unroll(node)
-        elif isinstance(node, ast.If) and _has_assert(node):
+        elif isinstance(node, ast.If) and has_assert(node):
             if not self.static(node.test):
-                raise _refuse(node.test, "is a condition on the program's values around "
+                raise refuse(node.test, "is a condition on the program's values around "
                                          "an assert")
             for inner in node.body if _judge.evaluate(node.test, self.env) else node.orelse:
                 self.statement(inner)
-        elif isinstance(node, ast.Try) and _has_assert(node):
+        elif isinstance(node, ast.Try) and has_assert(node):
             self.expects_raise(node)
-        elif _has_assert(node):
-            raise _refuse(node, f"holds an assert in a {type(node).__name__.lower()} "
+        elif has_assert(node):
+            raise refuse(node, f"holds an assert in a {type(node).__name__.lower()} "
                                 f"statement the harness cannot unroll")
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             self.imports(node)
@@ -142,7 +116,7 @@ class Planner:
         """Run ``node`` in the sandbox: the static values it computes with go in as
         values (``case[0]``, not ``case``), the static names it reads go in first."""
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)):
-            node = _Inline(self, set()).visit(copy.deepcopy(node))  # type: ignore[assignment]
+            node = Inline(self, set()).visit(copy.deepcopy(node))  # type: ignore[assignment]
         for name in sorted(free_names(node) & set(self.env) - self.shared):
             value = self.env.pop(name)
             self.dynamic.add(name)
@@ -168,7 +142,7 @@ class Planner:
         try:
             return _values.source(value)
         except ValueError as err:
-            raise _refuse(node, f"needs a value the harness cannot send in ({err})") from None
+            raise refuse(node, f"needs a value the harness cannot send in ({err})") from None
 
     def assign(self, target: ast.expr, value: ast.expr) -> bool:
         """Bind a static assignment outside the sandbox; False to run it inside."""
@@ -216,7 +190,7 @@ class Planner:
         params = [a.arg for a in func.args.args]
         if call.keywords or len(call.args) != len(params) or func.args.vararg or \
                 func.args.kwonlyargs or func.args.kwarg:
-            raise _refuse(call, "calls a check function other than with one argument "
+            raise refuse(call, "calls a check function other than with one argument "
                                 "for each of its parameters")
         renames: dict[str, str] = {}
         for param, arg in zip(params, call.args):
@@ -226,7 +200,7 @@ class Planner:
                 self.env[param] = _judge.evaluate(arg, self.env)
                 self.dynamic.discard(param)
             else:
-                raise _refuse(call, "passes a check function an argument that is neither "
+                raise refuse(call, "passes a check function an argument that is neither "
                                     "a name nor a static value")
         body = _Rename(renames).visit(ast.Module(body=copy.deepcopy(func.body), type_ignores=[]))
         for inner in body.body:
@@ -235,9 +209,9 @@ class Planner:
 
     def unroll(self, node: ast.For) -> None:
         if not self.static(node.iter):
-            raise _refuse(node.iter, "is a loop over the program's values around an assert")
+            raise refuse(node.iter, "is a loop over the program's values around an assert")
         if any(isinstance(n, (ast.Break, ast.Continue)) for n in ast.walk(node)):
-            raise _refuse(node, "breaks or continues a loop around an assert")
+            raise refuse(node, "breaks or continues a loop around an assert")
         for item in _judge.evaluate(node.iter, self.env):
             _judge.bind(node.target, item, self.env)
             for name in free_names(node.target):
@@ -245,14 +219,14 @@ class Planner:
             for inner in node.body:
                 self.statement(inner)
             if self.count > MAX_PROBES:
-                raise _refuse(node, f"unrolls to more than {MAX_PROBES} probes")
+                raise refuse(node, f"unrolls to more than {MAX_PROBES} probes")
 
     # --- asserts ----------------------------------------------------------------------
     def assertion(self, node: ast.Assert) -> None:
         first = self.count
         judge = self.split(node.test)
         if self.count > MAX_PROBES:
-            raise _refuse(node, f"takes the tests past {MAX_PROBES} probes")
+            raise refuse(node, f"takes the tests past {MAX_PROBES} probes")
         self.checks.append(Check(ast.unparse(node), judge, dict(self.env),
                                  tuple(range(first, self.count))))
 
@@ -262,8 +236,8 @@ class Planner:
             return node
         if isinstance(node, ast.Compare):
             parts = [self.split(p) for p in (node.left, *node.comparators)]
-            if all(_probed(p) for p in parts):
-                raise _refuse(node, "compares only values computed in the sandbox")
+            if all(probed(p) for p in parts):
+                raise refuse(node, "compares only values computed in the sandbox")
             return ast.Compare(parts[0], node.ops, parts[1:])
         if isinstance(node, ast.BoolOp):
             return ast.BoolOp(node.op, [self.split(v) for v in node.values])
@@ -275,7 +249,7 @@ class Planner:
             return ast.Set([self.split(e) for e in node.elts])
         if isinstance(node, (ast.Tuple, ast.List)):
             return type(node)([self.split(e) for e in node.elts], ast.Load())
-        if isinstance(node, _COMPREHENSIONS) and self.judged_outside(node):
+        if isinstance(node, COMPREHENSIONS) and self.judged_outside(node):
             first, *rest = node.generators
             gens = [ast.comprehension(first.target, self.split(first.iter), first.ifs,
                                       first.is_async), *rest]
@@ -293,7 +267,7 @@ class Planner:
         """Whether a comprehension over the program's values judges them with the test's
         own expressions (``all(v > 0 for v in f(x))``): its element and conditions are
         static given its targets, so only its iterables need the program."""
-        targets = _bound_inside(node)
+        targets = bound_inside(node)
         gens: list[ast.comprehension] = node.generators  # type: ignore[attr-defined]
         parts = [node.key, node.value] if isinstance(node, ast.DictComp) else \
             [node.elt]  # type: ignore[attr-defined]
@@ -302,8 +276,8 @@ class Planner:
 
     def probe(self, node: ast.expr) -> ast.expr:
         """Send ``node`` into the sandbox as a probe; its value comes back by name."""
-        _outputs(node, self)
-        node = _Inline(self, _bound_inside(node)).visit(copy.deepcopy(node))  # type: ignore[assignment]
+        outputs(node, self)
+        node = Inline(self, bound_inside(node)).visit(copy.deepcopy(node))  # type: ignore[assignment]
         inputs = sorted(n for n in free_names(node) if n in self.env and n not in self.shared)
         params = ", ".join(f"{n}={self._source(node, self.env[n])}" for n in inputs)
         self.lines.append(f"__gfcr_values.append(__gfcr_probe(lambda {params}: "
@@ -323,12 +297,12 @@ class Planner:
         names: list[str] = []
         for handler in node.handlers:
             kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-            if not all(isinstance(k, ast.Name) for k in kinds) or _has_assert(handler):
+            if not all(isinstance(k, ast.Name) for k in kinds) or has_assert(handler):
                 falsy = False
             names += [k.id for k in kinds if isinstance(k, ast.Name)]
         if not (falsy and names and body and not node.finalbody and
                 all(isinstance(s, ast.Expr) for s in body)):
-            raise _refuse(node, "is a try block the harness cannot judge (it judges `try: "
+            raise refuse(node, "is a try block the harness cannot judge (it judges `try: "
                                 "<calls>; assert False` / `except <Error>: pass`)")
         first = self.count
         for stmt in body:
@@ -336,79 +310,6 @@ class Planner:
             self.probe(stmt.value)
         self.checks.append(Check(ast.unparse(node), None, {},
                                  tuple(range(first, self.count)), tuple(names)))
-
-
-def _root(node: ast.expr) -> str | None:
-    """The name an expression like ``a.b(c).d`` starts from."""
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-def _mixed(call: ast.Call, walk: Planner) -> bool:
-    """Whether a call's arguments hold both the program's values and the test's data
-    (each argument that is not static data must itself be a plain program value)."""
-    parts = [*call.args, *(k.value for k in call.keywords)]
-    program = [p for p in parts if not walk.static(p)]
-    for part in program:
-        _outputs(part.value if isinstance(part, ast.Starred) else part, walk)
-    return bool(program) and len(program) < len(parts)
-
-
-def _probed(node: ast.expr) -> bool:
-    return any(isinstance(n, ast.Name) and n.id.startswith("__gfcr_p") for n in ast.walk(node))
-
-
-def _outputs(node: ast.expr, walk: Planner) -> None:
-    """Refuse a probe that would compute with the program's values inside the sandbox
-    where its result is judged: only calls, attributes, subscripts, comprehensions and
-    displays of the program's values; static values only as inputs (arguments, indices,
-    the iterables of comprehensions); no function the tests define judging a value."""
-    if isinstance(node, ast.Name):
-        if node.id in walk.env and node.id not in walk.shared:
-            raise _refuse(node, "uses a static value as a result inside the sandbox")
-    elif isinstance(node, ast.Call):
-        root = _root(node.func)
-        if root in walk.defined:
-            raise _refuse(node, f"is judged by `{root}`, which the tests define and which "
-                                f"runs in the sandbox, where the program can rewrite it")
-        if (root not in walk.dynamic or root in walk.libraries) and _mixed(node, walk):
-            raise _refuse(node, f"passes the program's values and the test's own together to "
-                                f"`{ast.unparse(node.func)[:60]}`, which is not the program's "
-                                f"and runs in the sandbox, where the program can rewrite it")
-        _outputs(node.func, walk)
-    elif isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
-        _outputs(node.value, walk)
-    elif isinstance(node, _COMPREHENSIONS):
-        for part in ((node.key, node.value) if isinstance(node, ast.DictComp)
-                     else (node.elt,)):
-            _outputs(part, walk)
-    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        for elt in node.elts:
-            _outputs(elt, walk)
-    else:
-        raise _refuse(node, "computes with the program's values inside the sandbox, where "
-                            "the program could forge the result")
-
-
-class _Inline(ast.NodeTransformer):
-    """Each static part of an expression (``case[0]``, ``n + 1``) replaced by its value,
-    so that only the value the program needs goes into the sandbox, never the static
-    name it was taken from (``case`` may hold the expected value too)."""
-
-    def __init__(self, walk: Planner, bound: set[str]) -> None:
-        self.walk, self.bound = walk, bound
-
-    def visit(self, node: ast.AST) -> ast.AST:
-        if isinstance(node, ast.expr) and not isinstance(node, (ast.Name, ast.Constant)) \
-                and isinstance(getattr(node, "ctx", ast.Load()), ast.Load) \
-                and not free_names(node) & self.bound and self.walk.static(node):
-            try:
-                text = _values.source(_judge.evaluate(node, self.walk.env))
-            except (ValueError, TypeError, ArithmeticError, LookupError, RecursionError):
-                return super().visit(node)
-            return ast.parse(text, mode="eval").body
-        return super().visit(node)
 
 
 class _Rename(ast.NodeTransformer):
