@@ -83,6 +83,7 @@ class Planner:
         self.steps += 1
         if self.steps > MAX_STEPS:
             raise refuse(node, f"takes the tests past {MAX_STEPS} statements unrolled")
+        judged = has_assert(node) or any(isinstance(n, ast.Raise) for n in ast.walk(node))
         if isinstance(node, ast.Assert):
             self.assertion(node)
         elif isinstance(node, ast.FunctionDef) and has_assert(node):
@@ -90,19 +91,24 @@ class Planner:
             self.dynamic.add(node.name)
         elif isinstance(node, ast.Expr) and self.inline(node.value):
             pass
-        elif isinstance(node, ast.For) and not node.orelse and has_assert(node):
-            self.unroll(node)
+        elif isinstance(node, ast.For) and not node.orelse and (has_assert(node) or (
+                self.sends(node) and self.static(node.iter))):
+            self.unroll(node)  # also a loop over cases that would send them all in
         elif isinstance(node, ast.If) and has_assert(node):
             if not self.static(node.test):
                 raise refuse(node.test, "is a condition on the program's values around "
                                          "an assert")
             for inner in node.body if _judge.evaluate(node.test, self.env) else node.orelse:
                 self.statement(inner)
-        elif isinstance(node, ast.Try) and has_assert(node):
+        elif isinstance(node, ast.Try) and judged:
             self.expects_raise(node)
         elif has_assert(node):
             raise refuse(node, f"holds an assert in a {type(node).__name__.lower()} "
                                 f"statement the harness cannot unroll")
+        elif judged and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                              ast.ClassDef)):
+            raise refuse(node, "fails a test by raising, which the program would decide "
+                               "inside the sandbox; write it as an assert")
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             self.imports(node)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and \
@@ -111,6 +117,10 @@ class Planner:
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) \
                 and not isinstance(node, ast.Pass):
             self.emit(node)
+
+    def sends(self, node: ast.stmt) -> bool:
+        """Whether running ``node`` in the sandbox would send static names in."""
+        return bool(free_names(node) & set(self.env) - self.shared)
 
     def emit(self, node: ast.stmt) -> None:
         """Run ``node`` in the sandbox: the static values it computes with go in as

@@ -138,8 +138,8 @@ class CodeTests(Spec):
 
     The code is the first fenced ```python block of the completion (else the whole
     completion); the tests are ``meta["tests"]`` (a string, or a list of statements such
-    as ``assert f(2) == 4``) or, failing that, the reference answer; each assert must be
-    judged outside the program (top-level asserts, asserts in loops and branches over
+    as ``assert f(2) == 4``) or, failing that, the reference answer; each assert is judged
+    outside the program (top-level asserts, asserts in loops and branches over
     the test's own values, HumanEval's ``check(candidate)``, ``try`` blocks expecting an
     exception; see :mod:`stages.filter.harness`, which refuses the forms it cannot
     judge). Reward: 1.0 when every assert holds, else 0.0. A program that crashed, that

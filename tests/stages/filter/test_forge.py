@@ -86,9 +86,18 @@ def test_the_expected_values_never_enter_the_sandbox():
     "if f(1):\n    assert f(2) == 4",
     "try:\n    assert f(2) == 4\nexcept Exception:\n    pass",
     "import numpy as np\nassert np.allclose(f(2), [4])",
+    "if f(2) != 4:\n    raise AssertionError",
 ])
 def test_a_check_the_program_could_forge_is_refused(test):
     with pytest.raises(ValueError, match="only asserts the harness judges outside"):
-        plan("def f(x):\n    return x", test)
+        plan("def f(x):\n    return x", test + "\nassert f(1) == 1")
     with pytest.raises(ValueError, match="the tests hold no assert"):
         plan("def f(x):\n    return x", "import math")
+
+
+def test_a_loop_that_collects_results_sends_in_inputs_not_the_cases():
+    steps = plan("def f(x):\n    return x", "cases = [(2, 4567890)]\nout = []\n"
+                 "for x, y in cases:\n    out.append(f(x))\n"
+                 "assert out == [y for x, y in cases]")
+    assert "4567890" not in steps.program and "x = 2" in steps.program
+    assert passed(steps, json.dumps([["ok", ["list", [["int", "4567890"]]]]])) == (True, "")

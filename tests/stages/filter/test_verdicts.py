@@ -69,18 +69,20 @@ def test_a_try_block_expecting_an_exception_is_judged_outside(score):
     assert score("def root(x):\n    return 1 // 0 if x < 0 else 2", None, tests) == 0.0
 
 
-@pytest.mark.parametrize("answer, expected", [
-    ("frozenset({1, 2})", "{1, 2}"), ("Fraction(1, 2)", "0.5"),
-    ("Point(1, 2)", "(1, 2)"), ("Fraction(1, 3)", "Fraction(1, 3)"),
-    ("{'a': [1, (2, 3)], 'b': {4}}", "{'a': [1, (2, 3)], 'b': {4}}"),
-    ("Decimal('1.5')", "1.5")])
-def test_a_correct_answer_that_is_not_a_literal_scores(score, answer, expected):
+ANSWERS = [("frozenset({1, 2})", "{1, 2}"), ("Fraction(1, 2)", "0.5"),
+           ("Point(1, 2)", "(1, 2)"), ("Fraction(1, 3)", "Fraction(1, 3)"),
+           ("{'a': [1, (2, 3)], 'b': {4}}", "{'a': [1, (2, 3)], 'b': {4}}"),
+           ("Decimal('1.5')", "1.5"), ("b'ab' + bytes(1)", "b'ab\\x00'")]
+
+
+def test_a_correct_answer_that_is_not_a_literal_scores(score):
     code = ("from fractions import Fraction\nfrom decimal import Decimal\n"
             "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\n"
-            f"def f():\n    return {answer}")
-    tests = _meta(f"from fractions import Fraction\nassert f() == {expected}")
+            f"def f(i):\n    return [{', '.join(a for a, _ in ANSWERS)}][i]")
+    tests = _meta("from fractions import Fraction\n" + "\n".join(
+        f"assert f({i}) == {expected}" for i, (_, expected) in enumerate(ANSWERS)))
     assert score(code, None, tests) == 1.0
-    assert score(code.replace("return", "return 0 and"), None, tests) == 0.0  # control
+    assert score(code.replace("[i]", "[i - 1]"), None, tests) == 0.0  # the control
 
 
 def test_mbpp_and_humaneval_styles_score_as_python_says(score):
