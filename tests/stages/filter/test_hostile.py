@@ -299,3 +299,13 @@ def test_system_v_shared_memory_counts_against_the_memory_limit(user):
            "    libc.shmdt(ctypes.c_void_p(at))\nprint('held 512 MB')")
     out = user.sandboxed(hog, memory_mb=128)
     assert out["verdict"] == "memory" and "held" not in out["stdout"], out
+
+
+def test_an_inode_bomb_counts_against_the_memory_limit(user):
+    """Empty files take no tmpfs blocks, so ``--size`` does not bound them (bubblewrap
+    0.8 sets no inode limit); their kernel memory is charged to the run's cgroup."""
+    bomb = ("import os\nn = 0\ntry:\n    while True:\n"
+            "        os.close(os.open('/work/f%d' % n, os.O_CREAT | os.O_WRONLY))\n"
+            "        n += 1\nexcept OSError as err:\n    print('stopped at', n, err)")
+    out = user.sandboxed(bomb, wall_seconds=60.0, memory_mb=64, cpu_seconds=30)
+    assert out["verdict"] == "memory" or "stopped at" in out["stdout"], out
