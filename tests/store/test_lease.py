@@ -3,6 +3,10 @@ folder's lease database and in a PostgreSQL catalog."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -31,7 +35,7 @@ def _exercise(store: RolloutStore) -> None:
 
     # a holder on another machine that stops renewing: refused until its lease lapses
     gone = _elsewhere(RunLease(store.catalog, "r", ttl=1.0)).acquire()
-    gone._stop.set()  # the renewer stops, as in a process that froze
+    gone.stop_renewing()  # as a holder whose host went away
     with pytest.raises(LeaseHeld, match="pid 4242 on host 'other-host'"):
         RunLease(store.catalog, "r").acquire()
     time.sleep(1.5)
@@ -62,7 +66,7 @@ def test_a_dead_local_holder_is_stale_at_once_and_its_run_marked_crashed(tmp_pat
         dead = RunLease(store.catalog, "r")
         dead.holder = replace(dead.holder, pid=2**22 + 7)  # no such process here
         dead.acquire()
-        dead._stop.set()
+        dead.stop_renewing()
         with hold(store, "r") as lease:
             assert "no longer exists" in (lease.stale_reason or "")
             row = store.sql("SELECT status, error FROM runs").to_pylist()[0]
@@ -83,3 +87,42 @@ def test_a_commit_after_the_lease_was_lost_is_refused(tmp_path):
                                   metrics={})
             lease._lost = None
         assert store.last_step("r") is None
+
+
+_WATCH = """
+import os, sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], timeout=30)
+read = "SELECT expires_at FROM gfcr_run_leases WHERE run_id = 'r'"
+first, deadline, moved = con.execute(read).fetchone()[0], time.monotonic() + 60, False
+while not moved and time.monotonic() < deadline:
+    time.sleep(0.05)
+    moved = con.execute(read).fetchone()[0] > first
+os.write(int(sys.argv[2]), b"1" if moved else b"0")
+"""
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def test_the_lease_is_renewed_while_the_runs_process_holds_the_gil(tmp_path):
+    """A scorer, tokenizer or stage computing in C without letting go of the GIL
+    (math-verify expanding 9^9^9^9) stops every thread of the run's process: the lease's
+    renewer is not one of them. Here the run's thread holds the GIL in a C call (poll(2)
+    through ctypes.PyDLL, which keeps it) until a watcher process has seen the lease's
+    expiry move in the database, or 60 s have passed."""
+    with RolloutStore.open(tmp_path / "s") as store:
+        lease = RunLease(store.catalog, "r", ttl=1.0).acquire()
+        try:
+            read, write = os.pipe()
+            watcher = subprocess.Popen([sys.executable, "-c", _WATCH,
+                                        str(tmp_path / "s" / "leases.sqlite"), str(write)],
+                                       pass_fds=(write,))
+            os.close(write)
+            waiting = _PollFd(read, 1, 0)  # POLLIN
+            ctypes.PyDLL(None).poll(ctypes.byref(waiting), 1, 90_000)  # holds the GIL
+            assert os.read(read, 1) == b"1", "the lease was not renewed while the GIL was held"
+            watcher.wait()
+            lease.check()
+        finally:
+            lease.release()
