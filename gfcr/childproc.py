@@ -72,7 +72,7 @@ class _Spawner:
         done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
-        return box[0]  # type: ignore[no-any-return]
+        return box[0]
 
 
 _spawner: _Spawner | None = None
