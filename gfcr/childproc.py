@@ -79,6 +79,15 @@ _spawner: _Spawner | None = None
 _spawner_lock = threading.Lock()
 
 
+def _forget() -> None:
+    """In a forked child, the spawner thread does not exist: start a new one when needed."""
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def spawn(module: str, args: list[str], *, lazy: tuple[str, ...] = (),
           pass_fds: tuple[int, ...] = ()) -> "subprocess.Popen[bytes]":
     """Start ``module.main(args)`` in a child process (see the module docstring);

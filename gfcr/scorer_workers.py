@@ -95,6 +95,7 @@ class _Worker:
             os.close(answers)
         os.set_blocking(self._send, False)
         self.loaded: set[str] = set()
+        self._closed = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -108,6 +109,9 @@ class _Worker:
         return answer
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         childproc.kill(self.proc)
         for fd in (self._send, self._answers):
             try:
@@ -209,5 +213,20 @@ def pool() -> WorkerPool:
     with _pool_lock:
         if _pool is None:
             _pool = WorkerPool()
-            atexit.register(_pool.close)
         return _pool
+
+
+@atexit.register
+def _close() -> None:
+    if _pool is not None:
+        _pool.close()
+
+
+def _forget() -> None:
+    """In a forked child: the parent's workers are the parent's (their pipes are shared);
+    the child starts its own when it needs one."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
