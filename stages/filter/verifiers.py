@@ -97,15 +97,24 @@ class Match(Spec):
         return value
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        regex = None if self.pattern is None else re.compile(self.pattern)
-        fold = (lambda s: s) if self.case_sensitive else str.casefold
+        return _MatchScore(self.pattern, self.case_sensitive)
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            if answer is None:
-                raise ValueError("match verifier: the rollout has no reference answer")
-            got = extract(completion, regex)
-            return float(got is not None and fold(got) == fold(str(answer).strip()))
-        return score
+
+@dataclass(frozen=True)
+class _MatchScore:
+    """The scorer of :class:`Match`, an object a worker process can be sent."""
+
+    pattern: str | None
+    case_sensitive: bool
+
+    def __call__(self, completion: str, answer: Any, meta: Any) -> float:
+        if answer is None:
+            raise ValueError("match verifier: the rollout has no reference answer")
+        got = extract(completion, None if self.pattern is None else re.compile(self.pattern))
+        want = str(answer).strip()
+        if not self.case_sensitive:
+            got, want = (None if got is None else got.casefold()), want.casefold()
+        return float(got is not None and got == want)
 
 
 def extract(completion: str, regex: re.Pattern | None) -> str | None:
