@@ -23,14 +23,13 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from ._duck import Catalog, quote_literal
 from ._lease_db import Backend as _Backend
