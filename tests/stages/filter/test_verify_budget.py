@@ -4,9 +4,11 @@ whole step ends the run (issue 12, item 7)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from gfcr.helper import call_with_timeout
 from gfcr.rollout import col
 from stages import Verify
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
@@ -17,6 +19,14 @@ from tests.resources.rollouts import context, rollouts
 
 def _helpers() -> int:
     return sum(t.name == "gfcr-helper" for t in threading.enumerate())
+
+
+def _until_the_helper_is_idle() -> None:
+    """The released call returns on its helper when that thread next runs: wait for it
+    (at most 60 s), so that the next test does not find the helper busy."""
+    deadline = time.monotonic() + 60
+    while call_with_timeout(lambda: None, 1.0) != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_a_hanging_scorer_in_process_trips_the_breaker_and_holds_one_thread():
@@ -35,6 +45,7 @@ def test_a_hanging_scorer_in_process_trips_the_breaker_and_holds_one_thread():
         assert _helpers() <= max(before, 1)  # one helper for this thread, hung or not
     finally:
         scorers.RELEASE.set()
+        _until_the_helper_is_idle()
     errors = first.table.column(col.SCORE_ERROR).to_pylist()
     assert errors[0] is None and "ran past its limit" in errors[1]
     assert all("an earlier call of the scorer is still running" in e for e in errors[2:4])
