@@ -103,16 +103,24 @@ def spawn(module: str, args: list[str], *, lazy: tuple[str, ...] = (),
         start_new_session=True))
 
 
+def running(proc: "subprocess.Popen[bytes]") -> bool:
+    """Whether ``proc`` has not ended, asked without reaping it: until :func:`kill` reaps
+    it, its pid (and so its process group's id) cannot go to another process."""
+    if proc.returncode is not None:
+        return False
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
 def kill(proc: "subprocess.Popen[bytes]") -> None:
     """End ``proc`` and whatever it started in its session, and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except OSError:
-        pass
+    if proc.returncode is None:  # not reaped yet: the group's id is still this child's
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
 
 

@@ -98,7 +98,7 @@ class _Worker:
         self._closed = False
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return childproc.running(self.proc)
 
     def ask(self, message: tuple[Any, ...], deadline: float) -> dict[str, Any]:
         """Send ``message`` and wait for its answer until ``deadline``."""

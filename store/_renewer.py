@@ -50,7 +50,7 @@ class Renewer:
         self._buffer = b""
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return childproc.running(self.proc)
 
     def reports(self) -> list[str]:
         """The reports that came since the last call (``renewed``, ``lost <holder>``)."""
