@@ -21,3 +21,12 @@ def ends_its_process(completion: str, answer: str | None, meta: str | None) -> f
     if completion == "killpg":
         os.killpg(0, signal.SIGKILL)
     return 1.0
+
+
+def tells_its_pid_and_hangs(completion: str, answer: str | None, meta: str | None) -> float:
+    """Prints its process id, then hangs for ten minutes."""
+    import time
+
+    print(f"scorer pid {os.getpid()}", flush=True)
+    time.sleep(600)
+    return 1.0

@@ -131,3 +131,40 @@ def test_the_lease_is_renewed_while_the_runs_process_holds_the_gil(tmp_path):
             assert lease.renewals >= 1
         finally:
             lease.release()
+
+
+_HOLD = """
+import sys
+from store import RolloutStore
+from store.lease import RunLease
+with RolloutStore.open(sys.argv[1]) as store:
+    lease = RunLease(store.catalog, "r", ttl=1.0).acquire()
+    print(lease._renewer.proc.pid, flush=True)
+    sys.stdin.read()
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_renewer_ends_with_the_runs_process(tmp_path):
+    """A renewer that outlived its run would keep a dead run's lease alive for ever (on a
+    PostgreSQL catalog, where no other host can see that the pid is gone)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / "s")], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        renewer = int(run.stdout.readline())
+        assert _running(renewer)
+    finally:
+        run.kill()  # kill -9: no release, no atexit
+        run.wait()
+    deadline = time.monotonic() + 60
+    while _running(renewer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(renewer)

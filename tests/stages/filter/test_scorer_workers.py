@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,34 @@ def test_a_scorer_that_ends_its_own_process_is_a_recorded_failure():
     assert "ended (killed by signal SIGSEGV)" in errors[1]
     assert all("ended (killed by signal SIGKILL)" in e for e in errors[2:4])
     assert errors[4] is None
+
+
+def test_a_scorer_worker_ends_with_the_runs_process():
+    """kill -9 of the run while its scorer hangs: the worker goes with it, not on alone."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    code = _PRELUDE + textwrap.dedent("""
+        stage = Verify(scorer="tests.resources.hostile_scorers:tells_its_pid_and_hangs",
+                       timeout=600.0)
+        stage.apply(context(), rollouts(["g"]))
+    """)
+    run = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        line = run.stdout.readline()
+        assert line.startswith("scorer pid "), line
+        worker = int(line.split()[-1])
+    finally:
+        run.kill()
+        run.wait()
+    deadline = time.monotonic() + 60
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(worker)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
