@@ -19,9 +19,21 @@ from gfcr import childproc
 
 def main(args: list[str]) -> None:
     requests, answers = int(args[0]), int(args[1])
+    _first_to_go()
     scorers: dict[str, Callable[..., Any]] = {}
     while (frame := childproc.recv(requests)) is not None:
         childproc.send(answers, json.dumps(_answer(pickle.loads(frame), scorers)).encode())
+
+
+def _first_to_go() -> None:
+    """Offer this worker to the kernel's out-of-memory killer before the run: a scorer
+    that a completion sends into a huge computation should take itself down, not the
+    trainer (the run then records the call's failure)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:  # not Linux: nothing to offer
+        pass
 
 
 def _answer(message: tuple[Any, ...], scorers: dict[str, Callable[..., Any]]) -> dict[str, Any]:

@@ -15,7 +15,9 @@ worker) and then taking calls. Starting and loading have their own deadline (``r
 the step's budget left), not the call's, so a worker's imports never count as a slow
 call; a loaded scorer with a ``warm()`` method has it run then too. Answers come back as
 JSON (a value or an error), never as a pickle, so a worker cannot hand the run an object.
-The workers are started by :mod:`gfcr.childproc` (light imports, ended with the run).
+The workers are started by :mod:`gfcr.childproc` (light imports, ended with the run), and
+each offers itself first to the kernel's out-of-memory killer, so that a scorer sent into a
+huge computation takes itself down rather than the trainer.
 """
 
 from __future__ import annotations
