@@ -199,8 +199,7 @@ def child_main() -> None:
         lazy_package(name)
     import importlib
 
-    # getattr: the serving module's entry, named by the run that started this child
-    getattr(importlib.import_module(config["module"]), "main")(sys.argv[3:])
+    importlib.import_module(config["module"]).main(sys.argv[3:])
 
 
 def _die_with(parent: int) -> None:

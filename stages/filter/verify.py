@@ -63,8 +63,9 @@ _IN_WORKER = (MathAnswer, CodeTests, Function)
 
 Call = Callable[[str, Any, Any, float, float], tuple[float, "str | None", bool]]
 """``(completion, answer, meta, timeout, ready) -> (reward, error, failed)``: one scorer
-call under its timeout, with ``ready`` seconds (the step's budget left) for a worker to
-start; ``failed`` when the scorer failed (not when the sandbox stopped the program)."""
+call under its timeout and at most ``ready`` seconds in all (the step's budget left, a
+worker's start included); ``failed`` when the scorer failed (not when the sandbox stopped
+the program)."""
 
 
 class ScorerFailed(RuntimeError):
@@ -254,8 +255,8 @@ _VIOLATION = f"{SandboxViolation.__module__}.{SandboxViolation.__qualname__}"
 
 def _in_worker(sent: scorer_workers.Payload, args: tuple[Any, Any, Any], timeout: float,
                ready: float) -> tuple[float, str | None, bool]:
-    """:func:`_safe` for a scorer in a worker process: ``ready`` seconds to start a
-    worker and load the scorer there, then ``timeout`` for the call."""
+    """:func:`_safe` for a scorer in a worker process: at most ``timeout`` seconds for
+    the call, and ``ready`` in all (starting a worker and loading the scorer there)."""
     reply = scorer_workers.pool().call(sent, args, timeout=timeout, ready=ready)
     charge(reply.cpu)
     if reply.error is not None:
