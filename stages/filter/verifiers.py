@@ -25,6 +25,7 @@ import importlib
 import json
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
@@ -67,20 +68,15 @@ class MathAnswer(Spec):
     """math-verify: 1.0 when the completion's last parsable expression equals the
     reference answer mathematically (``1/2`` = ``0.5`` = ``\\frac{1}{2}``), else 0.0.
     math-verify's own signal-based timeouts are off (they only work on the main thread);
-    Verify's ``timeout`` bounds the call instead."""
+    Verify's ``timeout`` bounds the call instead, in a worker process that is killed at
+    it (:class:`stages.filter._math.MathScore`)."""
 
     type: Literal["math"] = "math"
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        import math_verify
+        from stages.filter._math import MathScore
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            if answer is None:
-                raise ValueError("math verifier: the rollout has no reference answer")
-            gold = math_verify.parse(str(answer), parsing_timeout=None)
-            pred = math_verify.parse(completion, parsing_timeout=None)
-            return float(math_verify.verify(gold, pred, timeout_seconds=None))
-        return score
+        return MathScore()
 
 
 class Match(Spec):
@@ -108,15 +104,24 @@ class Match(Spec):
         return value
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        regex = None if self.pattern is None else re.compile(self.pattern)
-        fold = (lambda s: s) if self.case_sensitive else str.casefold
+        return _MatchScore(self.pattern, self.case_sensitive)
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            if answer is None:
-                raise ValueError("match verifier: the rollout has no reference answer")
-            got = extract(completion, regex)
-            return float(got is not None and fold(got) == fold(str(answer).strip()))
-        return score
+
+@dataclass(frozen=True)
+class _MatchScore:
+    """The scorer of :class:`Match`, an object a worker process can be sent."""
+
+    pattern: str | None
+    case_sensitive: bool
+
+    def __call__(self, completion: str, answer: Any, meta: Any) -> float:
+        if answer is None:
+            raise ValueError("match verifier: the rollout has no reference answer")
+        got = extract(completion, None if self.pattern is None else re.compile(self.pattern))
+        want = str(answer).strip()
+        if not self.case_sensitive:
+            got, want = (None if got is None else got.casefold()), want.casefold()
+        return float(got is not None and got == want)
 
 
 def extract(completion: str, regex: re.Pattern | None) -> str | None:
@@ -162,19 +167,31 @@ class CodeTests(Spec):
                           f"code with isolation='unsafe': the host's files, processes and "
                           f"network are in its reach", UnsafeSandbox, stacklevel=2)
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            code, tests = code_and_tests(completion, answer, meta)
-            _runnable(code, self.sandbox.file_mb)
-            steps = plan(code, tests)
-            outcome = run_python(steps.program, self.sandbox)
-            last = (outcome.stderr.strip().splitlines()[-1:] or [""])[0][:200]
-            if outcome.violation:
-                raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict} "
-                                       f"({last})")
-            if outcome.verdict != "ok":
-                raise Wrong(f"the program crashed ({outcome.verdict}: {last})")
-            return 1.0 if passed(steps, outcome.channel)[0] else 0.0
-        return score
+        return _CodeScore(self.sandbox)
+
+
+@dataclass(frozen=True)
+class _CodeScore:
+    """The scorer of :class:`CodeTests`, an object a worker process can be sent."""
+
+    sandbox: Sandbox
+
+    def __call__(self, completion: str, answer: Any, meta: Any) -> float:
+        code, tests = code_and_tests(completion, answer, meta)
+        _runnable(code, self.sandbox.file_mb)
+        steps = plan(code, tests)
+        outcome = run_python(steps.program, self.sandbox)
+        last = (outcome.stderr.strip().splitlines()[-1:] or [""])[0][:200]
+        if outcome.violation:
+            raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict} ({last})")
+        if outcome.verdict != "ok":
+            raise Wrong(f"the program crashed ({outcome.verdict}: {last})")
+        return 1.0 if passed(steps, outcome.channel)[0] else 0.0
+
+    def warm(self) -> None:
+        """Probe the sandbox once, when a worker loads the scorer (not in its first call)."""
+        if self.sandbox.isolation == "namespaces":
+            unavailable()
 
 
 def _runnable(code: str, file_mb: int) -> None:
