@@ -11,8 +11,10 @@ is recorded in ``score_error`` on that rollout, and the rollout is dropped
 - a step on which the scorer failed on *every* rollout ends the run with
   :class:`ScorerFailed` (exit code 1 from ``gfcr run``): training on nothing but errors
   is never what was meant, and the steps already committed stay stored, so ``--resume``
-  goes on once the scorer is fixed. A program the sandbox stopped is a verdict on the program,
-  not a scorer failure, and counts for neither rule.
+  goes on once the scorer is fixed. A program that crashed or that the sandbox stopped
+  is a verdict on the program (:class:`~stages.filter.verifiers.Wrong`: reward 0, the
+  reason in ``score_error``, the rollout kept whatever ``on_error`` says), not a scorer
+  failure, and counts for neither rule.
 
 Where a scorer runs (``worker``): a scorer that may run long (math, code, a user's
 ``module:function``) is called in a worker process (:mod:`gfcr.scorer_workers`). A call
@@ -45,7 +47,7 @@ from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import set_column
 from stages.filter.verifiers import (CodeTests, Function, MathAnswer, SandboxViolation, Scorer,
-                                     Verifier, VerifierSpec, from_shorthand)
+                                     Verifier, VerifierSpec, Wrong, from_shorthand)
 
 SCORE_ISOLATION = "score_isolation"
 """Extra column (string) Verify writes on every row it scores: how the verifier ran the
@@ -170,6 +172,7 @@ class Verify(StageSpec):
                      for n in (col.COMPLETION, col.ANSWER, col.META)))
         scoring = _Scoring(self.timeout, self.budget, self.breaker)
         rewards, errors = scoring.run(call, rows)
+        verdicts = scoring.verdicts
         if self.full_credit_only:
             rewards = [1.0 if r >= 1.0 else 0.0 for r in rewards]
         where = f"stage {self.label!r}, step {ctx.step}"
@@ -185,7 +188,7 @@ class Verify(StageSpec):
                 f"--resume {ctx.run_id}).")
         table = _with(rollouts, rewards, errors, self.label)
         table = _with_isolation(table, self.isolation())
-        keep = [e is None or self.on_error == "zero" for e in errors]
+        keep = [e is None or v or self.on_error == "zero" for e, v in zip(errors, verdicts)]
         reasons = [None if e is None else "score_error" for e in errors]
         return FilterResult(table, keep=keep, reason=reasons)
 
@@ -200,6 +203,8 @@ class _Scoring:
     breaker: int
     failures: int = 0
     stopped: str | None = None
+    verdicts: list[bool] = field(default_factory=list)
+    """Per row: its error is a verdict on the program (:class:`Wrong`), not a failure."""
     _streak: int = field(default=0, repr=False)
 
     def run(self, call: "Call", rows: Iterable[tuple[Any, Any, Any]]
@@ -224,6 +229,7 @@ class _Scoring:
                                 f"(circuit breaker; last error: {error})")
             rewards.append(value)
             errors.append(error)
+            self.verdicts.append(error is not None and not failed)
         return rewards, errors
 
 
@@ -238,7 +244,7 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
             box["value"] = float(score(completion, answer, meta))
         except BaseException as err:  # noqa: BLE001 - a user's scorer may raise anything
             box["error"] = f"{type(err).__name__}: {err}"[:500]
-            box["violation"] = isinstance(err, SandboxViolation)
+            box["violation"] = isinstance(err, Wrong)
 
     outcome = call_with_timeout(call, timeout)
     if outcome == "timeout":
@@ -250,7 +256,10 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
     return _finite(box["value"])
 
 
-_VIOLATION = f"{SandboxViolation.__module__}.{SandboxViolation.__qualname__}"
+_VERDICTS = frozenset(f"{kind.__module__}.{kind.__qualname__}"
+                      for kind in (Wrong, SandboxViolation))
+"""The qualified names of the errors that are verdicts on the program, as a worker
+reports them (the exception's class does not cross the process boundary)."""
 
 
 def _in_worker(sent: scorer_workers.Payload, args: tuple[Any, Any, Any], timeout: float,
@@ -260,7 +269,7 @@ def _in_worker(sent: scorer_workers.Payload, args: tuple[Any, Any, Any], timeout
     reply = scorer_workers.pool().call(sent, args, timeout=timeout, ready=ready)
     charge(reply.cpu)
     if reply.error is not None:
-        return 0.0, reply.error, reply.error_type != _VIOLATION
+        return 0.0, reply.error, reply.error_type not in _VERDICTS
     return _finite(reply.value if reply.value is not None else float("nan"))
 
 
