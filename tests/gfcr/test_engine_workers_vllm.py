@@ -33,8 +33,8 @@ COMPARE = ["step", "prompt", "sample_idx", "status", "completion", "completion_i
 
 
 @pytest.fixture(scope="module")
-def engine_worker(prefect_server: Any, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[subprocess.Popen]:
+def engine_worker(prefect_server: Any, pool_key: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     """One `gfcr engine-worker --pool POOL` process on the test server."""
     from prefect.settings import get_current_settings
 
@@ -136,7 +136,8 @@ def test_online_pruning_reads_the_runs_history_on_the_worker(
 
 
 def test_the_workers_vllm_loads_each_version_in_place(
-        tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool) -> None:
+        tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool,
+        pool_key: Path) -> None:
     # two published versions far apart (v1: every weight tripled); the worker generates the
     # same plan at v0 then v1 with the one vLLM it built (prefix cache full of v0's): each
     # version's logprobs are the policy's own at that version (teacher-forced here) and
@@ -145,10 +146,11 @@ def test_the_workers_vllm_loads_each_version_in_place(
 
     from gfcr.loop import plan_defaults
     from gfcr.remote.call import GenerateCall, code_hash, read_parquet, spec_hash, write_parquet
+    from gfcr.remote.keys import load_key, sign
     from gfcr.remote.worker import pool_task
     from gfcr.rollout import PROMPT_SCHEMA
     from gfcr.stage import StepContext
-    from gfcr.weights import WeightStore
+    from gfcr.weights import WeightStore, directory
     from stages.engines.hf import token_logprobs
 
     pipeline = tiny_pipeline(task=Digits(), policy=VLLM_POLICY, engine=vllm_engine_spec())
@@ -158,7 +160,10 @@ def test_the_workers_vllm_loads_each_version_in_place(
         for p in policies[1].model.parameters():
             p.mul_(3.0)
     assert policies[0].io is not None
-    weights = WeightStore(tmp_path / "weights", policies[0].io)
+    run_id = f"direct-{tmp_path.name}"  # a run's layout: the worker writes only there
+    staging = tmp_path / "staging" / run_id / "remote"
+    staging.mkdir(parents=True)
+    weights = WeightStore(directory(tmp_path, run_id), policies[0].io)
     for version, policy in enumerate(policies):
         weights.publish(policy.model, version, "direct")
     ctx = StepContext(run_id="direct", step=0, seed=0, policy_version=0, task=pipeline.task)
@@ -168,19 +173,20 @@ def test_the_workers_vllm_loads_each_version_in_place(
     # without the reset the logprobs were 3.0 off)
     long = [(p * 40)[:200] for p in plan.column("prompt").to_pylist()]
     plan = plan.set_column(plan.schema.get_field_index("prompt"), "prompt", pa.array(long))
-    write_parquet(tmp_path / "plan.parquet", plan)
+    write_parquet(staging / "plan.parquet", plan)
     dumps = dict(stage=gen.model_dump(mode="json"), hooks=(),
                  policy=pipeline.policy.model_dump(mode="json"),
                  engine=pipeline.engine.model_dump(mode="json"),
                  task=pipeline.task.model_dump(mode="json"))
     reports, outputs = [], []
     for version, policy in enumerate(policies):
-        call = GenerateCall(run_id=f"direct-{tmp_path.name}", step=0, seed=0,
+        call = GenerateCall(run_id=run_id, step=0, seed=0,
                             policy_version=version, weights=str(weights.where),
-                            plan=str(tmp_path / "plan.parquet"),
-                            out=str(tmp_path / f"v{version}.parquet"), code_hash=code_hash(),
+                            plan=str(staging / "plan.parquet"),
+                            out=str(staging / f"v{version}.parquet"), code_hash=code_hash(),
                             spec_hash=spec_hash(**dumps), **dumps)
-        future = pool_task(POOL).delay(name=call.name, call=call.model_dump(mode="json"))
+        future = pool_task(POOL).delay(name=call.name, call=call.model_dump(mode="json"),
+                                       mac=sign("generate", call, load_key(pool_key)))
         reports.append(future.result(timeout=400))
         rows = read_parquet(call.out).to_pylist()
         outputs.append([(r["completion_ids"], r["logprobs"]) for r in rows])
@@ -189,7 +195,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
         # here: a fresh context (the stage's seed is drawn from it) and this version's policy
         here = StepContext(run_id="direct", step=0, seed=0, policy_version=0,
                            task=pipeline.task)
-        expected = gen.generate(here, read_parquet(tmp_path / "plan.parquet"),
+        expected = gen.generate(here, read_parquet(staging / "plan.parquet"),
                                 pipeline.engine.build(policy, seed=0), None).to_pylist()
         shared_llms.release()
         assert [(r["completion_ids"], r["logprobs"]) for r in expected] == outputs[-1]
