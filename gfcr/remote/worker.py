@@ -314,7 +314,8 @@ def _task(body: Any, what: str, pool: str) -> Any:
 
     check_pool(pool)
     if (what, pool) not in _TASKS:
-        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}")
+        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}",
+                                body.__defaults__)
         fn.__qualname__ = fn.__name__
         fn.__doc__ = body.__doc__
         fn.__annotations__ = dict(body.__annotations__)
