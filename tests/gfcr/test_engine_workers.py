@@ -447,18 +447,18 @@ def test_a_call_that_keeps_losing_its_worker_stops_at_its_attempts_and_deadline(
     import threading
 
     from prefect import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
     from prefect.states import Running
 
     from gfcr.remote.dispatch import PoolCalls
-    from gfcr.remote.worker import score_task
+    from gfcr.remote.worker import pool_tag, score_task
     from tests.resources.rollouts import rollouts
 
-    def taken_and_lost(name: str, stop: threading.Event) -> None:
+    def taken_and_lost(stop: threading.Event) -> None:
         with get_client(sync_client=True) as client:
             while not stop.wait(0.2):
                 for run in client.read_task_runs(task_run_filter=TaskRunFilter(
-                        name=TaskRunFilterName(any_=[name]))):
+                        tags=TaskRunFilterTags(all_=[pool_tag("poison")]))):
                     if run.state is not None and run.state.is_scheduled():
                         client.set_task_run_state(run.id, Running(), force=True)
 
@@ -467,7 +467,7 @@ def test_a_call_that_keeps_losing_its_worker_stops_at_its_attempts_and_deadline(
         call = _score_call(tmp_path, run_id, Verify(scorer="exact"), rollouts(["g"]))
         calls = PoolCalls(pool, score_task, said.append)
         stop, done = threading.Event(), list[BaseException]()
-        killer = threading.Thread(target=taken_and_lost, args=(call.name, stop))
+        killer = threading.Thread(target=taken_and_lost, args=(stop,))
         killer.start()
 
         def waiting() -> None:
@@ -562,7 +562,8 @@ def test_kill_a_worker_mid_task_the_call_runs_again_and_every_rollout_is_stored_
 
 
 def test_an_engine_worker_refuses_a_bad_pool_name_or_no_api_server(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k != "GFCR_POOL_KEY_FILE"}
     env["PREFECT_HOME"] = str(tmp_path)  # no profile that names a server
     worker = [sys.executable, "-c", "from gfcr.cli import main; main()", "engine-worker"]
     bad = subprocess.run([*worker, "--pool", "a.b"], cwd=REPO, env=env, capture_output=True,
