@@ -110,10 +110,11 @@ class RemoteGenerate:
             if later not in self.ahead:
                 ctx, plan = plan_ahead(self.rt, self.run_id, later, step)
                 version = version_sent(self.rt, self.run_id, later, step)
-                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version)
+                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version,
+                                               ahead=True)
 
     def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any], engine: Any,
-              version: int | None = None) -> _Sent:
+              version: int | None = None, ahead: bool = False) -> _Sent:
         """Send ``plan`` to the pool, generated with ``version`` (None: the current one;
         an older one when a resumed run sends again what was in flight, see ahead.py)."""
         from gfcr.remote.call import write_parquet
@@ -121,7 +122,7 @@ class RemoteGenerate:
         started = time.perf_counter()
         call = self._call(ctx, gen, hooks, engine, self._published(version))
         write_parquet(call.plan, plan)
-        return self.calls.send(call, plan, started)
+        return self.calls.send(call, plan, started, ahead=ahead)
 
     def _drop(self, sent: _Sent) -> None:
         """Forget a call sent ahead: withdraw it (a worker that takes it, or runs it

@@ -1,8 +1,9 @@
 """Sending a call to a pool and waiting for it, bounded: shared by generate and score calls.
 
 :class:`PoolCalls` signs each call with the pool's key (gfcr.remote.keys), submits it with
-``.delay()`` and waits for its result within one deadline, ``timeout_s`` from the first
-sending, whatever happens in between:
+``.delay()`` and waits for its result within one deadline, ``timeout_s`` from the
+moment the run starts waiting for it (its sending, or its step for a batch sent ahead),
+whatever happens in between:
 
 - no worker takes it: a warning after ``warn_s``, :class:`NoEngineWorker` naming the pool
   at the deadline;
@@ -91,8 +92,9 @@ class _Sent:
     sent: float
     delay_s: float
     """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
-    first: float = field(default_factory=time.monotonic)
-    """When the call was first sent (this process's clock): its deadline counts from it."""
+    first: float | None = None
+    """When the run first waited for the call (this process's clock; a call sent ahead
+    waits in the queue until its step comes): its deadline counts from it."""
     at: float = field(default_factory=time.monotonic)
     """When this attempt was sent."""
     attempt: int = 1
@@ -117,10 +119,14 @@ class PoolCalls:
         self.placement, self.task, self.notify = placement, task, notify
         self.key = load_key(placement.key_file)  # refused here, before any work
 
-    def send(self, call: Any, inputs: pa.Table, started: float) -> _Sent:
-        """Submit ``call`` (whose input tables are already staged) with ``.delay()``."""
+    def send(self, call: Any, inputs: pa.Table, started: float, *,
+             ahead: bool = False) -> _Sent:
+        """Submit ``call`` (whose input tables are already staged) with ``.delay()``; it
+        expires for the workers at its deadline, unless sent ``ahead`` of its step (when
+        the run starts waiting for it is not known yet)."""
         delaying = time.perf_counter()
-        call = call.model_copy(update={"expires": time.time() + self.placement.timeout_s})
+        expires = None if ahead else time.time() + self.placement.timeout_s
+        call = call.model_copy(update={"expires": expires})
         mac = sign(kind(call), call, self.key)
         future = _outside_runs(lambda: self.task(self.placement.pool).delay(
             name=call.name, call=call.model_dump(mode="json"), mac=mac))
@@ -141,7 +147,8 @@ class PoolCalls:
         from prefect import get_client
 
         name, limit = sent.call.name, self.placement.timeout_s
-        warned = False
+        warned, sent.first = False, sent.first or time.monotonic()
+        first = sent.first
         with get_client(sync_client=True) as client:
             while True:
                 state = client.read_task_run(sent.future.task_run_id).state
@@ -164,19 +171,16 @@ class PoolCalls:
                                 "call (Prefect's in-memory task queue lost it: a server "
                                 "restart?)")
                     continue
-                if now - sent.first >= limit:
+                if now - first >= limit:
                     self._give_up(client, sent, queued)
                 if queued and not warned and now - sent.at >= self.placement.warn_s:
                     warned = True
                     self.notify(f"{name}: waiting for an engine worker of pool "
                                 f"{self.placement.pool!r} (none has taken the call for "
-                                f"{now - sent.at:.0f} s; failing {limit:g} s after it "
-                                "was first sent)")
-                if state is None:  # between Prefect's events and its API: ask again
-                    time.sleep(0.2)
-                else:
-                    left = limit - (now - sent.first)
-                    sent.future.wait(timeout=min(1.0, max(0.1, left)))
+                                f"{now - sent.at:.0f} s; failing {limit:g} s after the "
+                                "run began waiting for it)")
+                if state is None or not _waited(sent.future, limit - (now - first)):
+                    time.sleep(0.2)  # between Prefect's events and its API: ask again
 
     def _lost(self, sent: _Sent, now: float) -> bool:
         """Whether the attempt's worker stopped its heartbeat: the beat file has not
@@ -265,7 +269,17 @@ class PoolCalls:
                 f"{limit:g} s; start one with `gfcr engine-worker --pool {pool}` "
                 "(same Prefect API, result storage and pool key), or raise the timeout")
         raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
-                           f"finish within {limit:g} s of its first sending")
+                           f"finish within {limit:g} s (its attempts together)")
+
+
+def _waited(future: Any, left: float) -> bool:
+    """Wait up to a second for ``future``; False when Prefect's API did not show its
+    state at that moment (a state written by events reaches the API a little later)."""
+    try:
+        future.wait(timeout=min(1.0, max(0.1, left)))
+    except RuntimeError:  # "has no state which means it hasn't started yet"
+        return False
+    return True
 
 
 def mark_withdrawn(call: Any) -> None:
