@@ -36,7 +36,8 @@ SKEW_S = 120.0
 """Clock difference between run and worker hosts tolerated when a call expires."""
 
 _KEY: list[bytes] = []
-_SEEN: OrderedDict[str, None] = OrderedDict()
+_SEEN: OrderedDict[str, str] = OrderedDict()
+"""Signatures of the calls run here -> the task run that ran each."""
 SEEN = 4096
 
 
@@ -45,8 +46,10 @@ def hold_key(key: bytes) -> None:
     _KEY[:] = [key]
 
 
-def admit(kind: str, call: Any, mac: str, worker: str) -> None:
-    """Refused unless ``call`` may run here (the module's rules 1 to 4)."""
+def admit(kind: str, call: Any, mac: str, worker: str, task_run: str = "") -> None:
+    """Refused unless ``call`` may run here (the module's rules 1 to 4); ``task_run``:
+    the task run delivering it (Prefect may deliver one task run twice; another task run
+    with the same signed call is a replay)."""
     if not _KEY:
         raise Refused(f"engine worker {worker} holds no pool key: it runs no calls")
     if not mac or not signed_by(kind, call, mac, _KEY[0]):
@@ -56,10 +59,10 @@ def admit(kind: str, call: Any, mac: str, worker: str) -> None:
     if call.expires is not None and time.time() > call.expires + SKEW_S:
         raise Refused(f"engine worker {worker}: the {kind} call {call.name!r} expired at "
                       f"{call.expires:.0f} (its run stopped waiting for it)")
-    if mac in _SEEN:
+    if _SEEN.get(mac, task_run) != task_run:
         raise Refused(f"engine worker {worker}: the {kind} call {call.name!r} ran here "
                       "before (a replayed call)")
-    _SEEN[mac] = None
+    _SEEN[mac] = task_run
     while len(_SEEN) > SEEN:
         _SEEN.popitem(last=False)
     for ref in refs.named_in(call.model_dump(mode="json")):

@@ -202,7 +202,7 @@ def _generate(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
     """The pool task's body: one generate stage call (``name`` names the task run),
     run only when signed with the pool's key and its files are its run's (guard)."""
     parsed = GenerateCall.model_validate(call)
-    admit("generate", parsed, mac, WORKER)
+    admit("generate", parsed, mac, WORKER, _task_run_id())
     _sign(name)
     if withdrawn(parsed):
         return {"out": parsed.out, "withdrawn": True, "worker": WORKER}
@@ -210,6 +210,14 @@ def _generate(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
     log.info("%s ran on engine worker %s (version %d, %d rows, %.2f s)", name, WORKER,
              parsed.policy_version, report["rows"], report["worker_s"])
     return report
+
+
+def _task_run_id() -> str:
+    """The id of the task run this call came in (empty outside one)."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    return "" if ctx is None else str(ctx.task_run.id)
 
 
 def _sign(name: str) -> None:
@@ -278,7 +286,7 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
 def _score(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
     """The score task's body: one scoring filter stage call (checked as _generate's)."""
     parsed = ScoreCall.model_validate(call)
-    admit("score", parsed, mac, WORKER)
+    admit("score", parsed, mac, WORKER, _task_run_id())
     _sign(name)
     if withdrawn(parsed):
         return {"out": parsed.out, "withdrawn": True, "worker": WORKER}

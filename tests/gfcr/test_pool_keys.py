@@ -71,3 +71,41 @@ def test_a_worker_resolves_only_the_code_on_its_list(monkeypatch: pytest.MonkeyP
     dumped = Verify(scorer="builtins:exec").model_dump(mode="json")
     assert refs.named_in({"stage": dumped, "hooks": [{"errors": "m:f"}]}) == [
         "builtins:exec", "m:f"]
+
+
+def test_a_worker_admits_a_signed_call_once_with_its_files_in_its_runs_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gfcr.remote import guard
+    from gfcr.remote.call import Refused
+
+    key = load_key(new_key(tmp_path / "k"))
+    monkeypatch.setattr(guard, "_KEY", [key])
+    monkeypatch.setattr(guard, "_SEEN", type(guard._SEEN)())
+    monkeypatch.setattr(refs, "_ALLOWED", None)
+    staging = tmp_path / "staging" / "r" / "remote"
+    call = _call(rows=str(staging / "rows.parquet"), out=str(staging / "out.parquet"))
+    with pytest.raises(Refused, match="staging folder .* is missing"):  # its run has ended
+        guard.admit("score", call, sign("score", call, key), "w", "t1")
+    staging.mkdir(parents=True)
+    guard.admit("score", call, sign("score", call, key), "w", "t1")
+    guard.admit("score", call, sign("score", call, key), "w", "t1")  # delivered again
+    with pytest.raises(Refused, match="a replayed call"):  # another task run, same call
+        guard.admit("score", call, sign("score", call, key), "w", "t2")
+    for bad in (dict(out=str(tmp_path / "out.parquet")),
+                dict(rows=str(tmp_path / "rows.parquet")),
+                dict(out=str(staging / ".." / "remote" / "x.parquet")),
+                dict(out=str(staging / "out.sh"))):
+        other = _call(**{"rows": call.rows, "out": call.out, **bad})
+        with pytest.raises(Refused, match="staging folder|not a file of its staging"):
+            guard.admit("score", other, sign("score", other, key), "w", "t3")
+    (tmp_path / "elsewhere").mkdir()
+    linked = tmp_path / "staging" / "l" / "remote"
+    linked.parent.mkdir()
+    linked.symlink_to(tmp_path / "elsewhere")
+    via_link = _call(run_id="l", rows=str(linked / "rows.parquet"),
+                     out=str(linked / "out.parquet"))
+    with pytest.raises(Refused, match="reached through a link"):
+        guard.admit("score", via_link, sign("score", via_link, key), "w", "t4")
+    expired = _call(rows=call.rows, out=str(staging / "late.parquet"), expires=1.0)
+    with pytest.raises(Refused, match="expired"):
+        guard.admit("score", expired, sign("score", expired, key), "w", "t5")
