@@ -104,6 +104,8 @@ class _Sent:
     """Earlier attempts (call, future), withdrawn."""
     beat: tuple[float, float] | None = None
     """(heartbeat mtime, when this process saw it change)."""
+    asked: float = 0.0
+    """When the run last asked whether a worker of the pool sits idle."""
 
 
 def kind(call: Any) -> str:
@@ -164,7 +166,7 @@ class PoolCalls:
                                 f"for {self.placement.lost_s:g} s")
                     continue
                 if state is not None and state.is_scheduled() and not sent.requeued and \
-                        now - sent.at >= self.placement.warn_s and self._idle(client, sent):
+                        now - sent.at >= self.placement.warn_s and self._idle(client, sent, now):
                     sent.requeued = True
                     self._again(client, sent, f"{name}: an engine worker of pool "
                                 f"{self.placement.pool!r} is idle but never received the "
@@ -214,13 +216,17 @@ class PoolCalls:
         sent.call, sent.future, sent.delay_s = again.call, again.future, again.delay_s
         sent.at, sent.attempt, sent.beat = time.monotonic(), sent.attempt + 1, None
 
-    def _idle(self, client: Any, sent: _Sent) -> bool:
+    def _idle(self, client: Any, sent: _Sent, now: float) -> bool:
         """Whether more workers are subscribed to the call's task than the pool has
-        calls taken (pending or running): one is idle, yet the call waits."""
+        calls taken (pending or running): one is idle, yet the call waits. Asked at most
+        every few seconds."""
         from prefect.client.schemas.filters import (TaskRunFilter, TaskRunFilterState,
                                                     TaskRunFilterStateType, TaskRunFilterTags)
         from prefect.client.schemas.objects import StateType
 
+        if now - sent.asked < max(self.placement.warn_s, 5.0):
+            return False
+        sent.asked = now
         key = client.read_task_run(sent.future.task_run_id).task_key
         answer = client.request("POST", "/task_workers/filter",
                                 json={"task_worker_filter": {"task_keys": [key]}})
