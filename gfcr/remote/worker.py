@@ -141,7 +141,10 @@ def _beating(path: str) -> Iterator[None]:
 
     def beat() -> None:
         while True:
-            Path(path).touch()
+            try:
+                Path(path).touch(exist_ok=True)
+            except OSError:  # the run ended and removed its folder: nothing to signal
+                return
             if stop.wait(BEAT_S):
                 return
     Path(path).write_text(WORKER)  # which worker runs the call (in its run's folder)
