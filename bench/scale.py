@@ -59,7 +59,11 @@ def _pipeline(steps: int, k: int) -> Any:
 def _workers(n: int, logs: Path) -> Iterator[None]:
     from prefect.settings import get_current_settings
 
+    from gfcr.remote.keys import KEY_ENV, new_key
+
     settings = get_current_settings()
+    if not os.environ.get(KEY_ENV):  # the pool's key, for the run here and its workers
+        os.environ[KEY_ENV] = str(new_key(logs / "pool.key"))
     env = {**os.environ, "PREFECT_API_URL": str(settings.api.url),
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(settings.results.local_storage_path)}
     procs = []

@@ -23,18 +23,30 @@ def engine_worker(
     import_: list[str] = typer.Option([], "--import", metavar="MODULE",
                                       help="Import MODULE first: one that registers a task, "
                                            "policy or stage the runs use (repeat)."),
+    key_file: Optional[str] = typer.Option(None, "--key-file", metavar="PATH",
+                                           help="The pool's key (runs of the pool sign "
+                                                "their calls with it); default: the file "
+                                                "GFCR_POOL_KEY_FILE names."),
+    allow_ref: list[str] = typer.Option([], "--allow-ref", metavar="MODULE:NAME",
+                                        help="Code the calls may name by import path (a "
+                                             "scorer function), besides the public names "
+                                             "of --import modules (repeat)."),
+    api_wait: float = typer.Option(30.0, "--api-wait", metavar="S",
+                                   help="Fail when the Prefect API does not answer within "
+                                        "this many seconds."),
 ) -> None:
     """Serve the generate stage of any run that names POOL, keeping each run's policy
     loaded between its steps, and the scoring stages of any run that names it with
     --score-pool. Needs PREFECT_API_URL (a real Prefect server) and the run
     root's filesystem (weights and staged tables) and Prefect result storage shared with
-    the runs."""
+    the runs, and the pool's key: it runs only calls signed with it."""
     from gfcr.remote.call import check_pool
-    from gfcr.remote.worker import serve_pool
+    from gfcr.remote.serve import serve_pool
 
     try:
         check_pool(pool)
-        serve_pool(pool, name=name, timeout=timeout, imports=tuple(import_))
+        serve_pool(pool, name=name, timeout=timeout, imports=tuple(import_),
+                   key_file=key_file, allow_refs=tuple(allow_ref), api_wait_s=api_wait)
     except (ValueError, RuntimeError, ImportError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

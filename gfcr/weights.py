@@ -13,8 +13,13 @@ A version is written into a temporary folder, its manifest last, each file fsync
 renamed into place, through the policy's own tensor I/O (``Policy.io``), so the runtime
 needs no tensor library: a reader that finds ``vNNNNNN/manifest.json`` finds the whole version,
 and a killed publisher leaves only a ``.tmp-`` folder that the next publication removes.
-The newest ``keep`` versions stay (a worker may still be asked for an older one while an
-asynchronous run has batches in flight: keep more than ``max_staleness + 1``).
+Pruning keeps what is still needed, never the highest numbers: the version just published
+and the ``keep - 1`` below it (a worker may still be asked for an older one while an
+asynchronous run has batches in flight: keep more than ``max_staleness + 1``). Versions
+*above* the one published belong to an abandoned future (a run killed between
+checkpoints, now resumed from an older one, publishes that older version again) and go.
+Each publication has its own id in the manifest, so a worker that loaded "version 5" of
+the abandoned future loads the resumed run's version 5 again (:meth:`WeightStore.ident`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class Published:
 
     version: int
     path: Path
+    ident: str = ""
+    """This publication's id (its manifest's ``id``): a version published again after a
+    resume is another publication of the same number."""
 
     @property
     def weights(self) -> Path:
@@ -69,7 +77,7 @@ class WeightStore:
         return self.where / f"v{version:06d}"
 
     def publish(self, model: Any, version: int, run_id: str = "") -> Published:
-        """Write ``model``'s weights as ``version`` atomically, then prune to ``keep``.
+        """Write ``model``'s weights as ``version`` atomically, then prune (:meth:`prune`).
         Publishing a version already there replaces it (the same weights again after a
         resume)."""
         self.where.mkdir(parents=True, exist_ok=True)
@@ -77,7 +85,8 @@ class WeightStore:
         tmp.mkdir()
         try:
             self.io.save_weights(model, tmp / WEIGHTS)
-            manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS],
+            ident = secrets.token_hex(8)
+            manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS], "id": ident,
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
             for name in (WEIGHTS, MANIFEST):
@@ -90,8 +99,8 @@ class WeightStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.prune()
-        return Published(version, final)
+        self.prune(version)
+        return Published(version, final, ident)
 
     def versions(self) -> list[Published]:
         """Complete versions, oldest first (a folder without its manifest is not one)."""
@@ -115,9 +124,9 @@ class WeightStore:
         if not (path / MANIFEST).is_file():
             have = [p.version for p in self.versions()]
             raise MissingVersion(f"weights version {version} is not published in "
-                                 f"{self.where} (have {have or 'none'}; the newest "
-                                 f"{self.keep} are kept)")
-        return Published(version, path)
+                                 f"{self.where} (have {have or 'none'}; each publication "
+                                 f"keeps itself and the {self.keep - 1} versions below it)")
+        return Published(version, path, _ident(path))
 
     def load(self, model: Any, version: int) -> Published:
         """Load ``version`` into ``model`` in place."""
@@ -125,15 +134,26 @@ class WeightStore:
         self.io.load_weights(model, found.weights)
         return found
 
-    def prune(self) -> None:
-        """Keep the newest ``keep`` versions; drop leftovers of killed publications
-        (other processes' ``.tmp-`` folders older than a minute)."""
-        for old in self.versions()[:-self.keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
+    def prune(self, current: int) -> None:
+        """Keep what is still needed after ``current`` was published: it and the
+        ``keep - 1`` versions below it. Versions above it (an abandoned future, see the
+        module) and older ones go, as do leftovers of killed publications (other
+        processes' ``.tmp-`` folders older than a minute)."""
+        for old in self.versions():
+            if old.version > current or old.version <= current - self.keep:
+                shutil.rmtree(old.path, ignore_errors=True)
         for path in self.where.glob(".tmp-v*"):
             if path.is_dir() and time.time() - path.stat().st_mtime > 60 and \
                     f"-{os.getpid()}-" not in path.name:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _ident(path: Path) -> str:
+    """The publication id in ``path``'s manifest ("" for a manifest written before ids)."""
+    try:
+        return str(json.loads((path / MANIFEST).read_text()).get("id", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def _fsync(path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny pipeline, and one Prefect test server for the whole session."""
+"""Shared fixtures: a tiny pipeline, one Prefect test server for the whole session, and
+the engine pools' key."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture(scope="session")
+def pool_key(tmp_path_factory: pytest.TempPathFactory):
+    """A pool key (gfcr.remote.keys) that this process's runs and the engine workers it
+    starts (which inherit the environment) sign and check calls with."""
+    from gfcr.remote.keys import KEY_ENV, new_key
+
+    path = new_key(tmp_path_factory.mktemp("pool-key") / "pool.key")
+    before = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(KEY_ENV, None)
+    else:
+        os.environ[KEY_ENV] = before

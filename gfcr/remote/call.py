@@ -10,10 +10,13 @@ travels as the store's URI and the snapshot it is pinned to: the worker opens th
 read-only at that snapshot, so a stage or hook that reads history (ARRoL's OnlinePrune)
 reads there what it reads in-process.
 
-Two hashes guard it. ``code_hash`` is the hash of the gfcr, stages and store sources the
-run was started with; ``spec_hash`` the hash of the configs as the run validated them. A
-worker recomputes both on its side (re-validating the configs with its own classes) and
-refuses a call whose hashes differ from its own, naming both (:class:`Refused`).
+Two hashes check that run and worker agree. ``code_hash`` is the hash of the gfcr, stages
+and store sources the run was started with; ``spec_hash`` the hash of the configs as the
+run validated them. A worker recomputes both on its side (re-validating the configs with
+its own classes) and refuses a call whose hashes differ from its own, naming both
+(:class:`Refused`). Anyone can recompute them, so they authenticate nothing: the run
+signs each call with its pool's key, and the worker checks that signature and where the
+call's files are before anything else (:mod:`gfcr.remote.keys`, :mod:`gfcr.remote.guard`).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ class GenerateCall(BaseModel):
     snapshot: int | None = None
     """The store snapshot the step's History is pinned to (None: the live store, a run's
     first step before its first commit)."""
+    expires: float | None = None
+    """When the run stops waiting for this call (seconds since the epoch): a worker
+    refuses it later (gfcr.remote.guard). None: never (a call made by hand)."""
 
     @property
     def name(self) -> str:
@@ -104,6 +110,8 @@ class ScoreCall(BaseModel):
     store: str | None = None
     snapshot: int | None = None
     """The step's History, as in GenerateCall."""
+    expires: float | None = None
+    """As in GenerateCall."""
 
     @property
     def name(self) -> str:
@@ -159,11 +167,14 @@ def code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def write_parquet(path: str | Path, table: pa.Table) -> None:
+def write_parquet(path: str | Path, table: pa.Table, *, make_folder: bool = True) -> None:
     """Write ``table`` to ``path`` atomically (temporary file, then rename): a reader
-    never sees half a file, and a retried call overwrites its own output."""
+    never sees half a file, and a retried call overwrites its own output. An engine
+    worker passes ``make_folder=False``: it writes only into a staging folder its run
+    made (gfcr.remote.guard)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)

@@ -4,63 +4,32 @@
 generate call of a step it publishes the policy's current weights when that version is
 not yet published (:mod:`gfcr.weights`), writes the plan as Parquet in the run's staging
 folder, submits one task run with ``.delay()`` (one per step's batch, never one per
-rollout) and waits for it, bounded: a run whose task no worker takes says so after
-``warn_s`` and fails after ``timeout_s`` naming the pool (Prefect's own ``.result()``
-would wait forever), deleting the queued task run so no worker runs it later. That
-sending and waiting is :class:`PoolCalls`, which the score calls share (gfcr.remote.scoring).
+rollout) and waits for it, bounded (:class:`gfcr.remote.pool.PoolCalls`, which the
+score calls share: one deadline per call, a capped number of re-sendings, a call lost in
+Prefect's queue sent again, superseded attempts withdrawn). A finished call's files are
+removed as soon as its output is read; a batch sent ahead and dropped is withdrawn.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gfcr.remote.ahead import STEP_VERSION, plan_ahead, staleness, version_sent
-from gfcr.remote.call import (GenerateCall, check_pool, code_hash, history_at, read_parquet,
-                              spec_hash)
-from gfcr.remote.worker import BEAT, pool_task
+from gfcr.remote.call import GenerateCall, code_hash, history_at, spec_hash
+from gfcr.remote.pool import GeneratePool, LostCall, NoEngineWorker, PoolCalls, _Sent
+from gfcr.remote.worker import pool_task
 from gfcr.weights import MissingVersion, WeightStore, directory
 
+__all__ = ["GeneratePool", "LostCall", "NoEngineWorker", "PoolCalls", "RemoteGenerate",
+           "for_run"]
+
 log = logging.getLogger("gfcr.remote")
-
-
-class NoEngineWorker(TimeoutError):
-    """No engine worker took a call of the pool within the timeout."""
-
-    gfcr_retry = False  # a retry would wait the whole timeout again (gfcr.executors)
-
-
-class GeneratePool(BaseModel):
-    """Where a run's generate stage runs: on the engine workers of ``pool``.
-
-    A run option, not a pipeline field: it says where the work runs, not what it is, so
-    the same pipeline (and spec hash) gives the same rollouts in-process or on workers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    pool: str
-    timeout_s: float = Field(600.0, gt=0)
-    """Fail a call that no worker finished within this many seconds."""
-    warn_s: float = Field(10.0, ge=0)
-    """Say that the run waits for a worker once a call is queued this long."""
-    lost_s: float = Field(30.0, gt=0)
-    """A running call whose worker's heartbeat is this old is sent again (a worker killed
-    mid-task); the step uses whichever attempt finishes, and only the run commits."""
-    keep: int = Field(3, ge=2)
-    """Published weight versions kept (gfcr.weights)."""
-
-    @field_validator("pool")
-    @classmethod
-    def _pool(cls, value: str) -> str:
-        return check_pool(value)
 
 
 def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path, policy: Any,
@@ -76,20 +45,6 @@ def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path, p
     placement = GeneratePool(pool=pool) if isinstance(pool, str) else pool
     return RemoteGenerate(placement, rt=rt, run_id=run_id, root=root, policy=policy,
                           notify=notify)
-
-
-@dataclass
-class _Sent:
-    """A call sent to a pool: its task run, and the table it was sent with."""
-
-    call: Any
-    """A GenerateCall or a ScoreCall (gfcr.remote.call)."""
-    future: Any
-    plan: pa.Table
-    """The call's input table (a generate call's plan, a score call's rows)."""
-    sent: float
-    delay_s: float
-    """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
 
 
 class RemoteGenerate:
@@ -133,11 +88,11 @@ class RemoteGenerate:
             sent = self._send(ctx, gen, plan, hooks, engine, version)
         if ctx.round == 0:
             self._send_ahead(ctx.step, gen, hooks, engine)
-        report = self.calls.wait(sent)
+        report, table = self.calls.collect(sent)
         report.update(name=sent.call.name, step=ctx.step, delay_s=sent.delay_s,
                       wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
         self.reports.append(report)
-        return read_parquet(report["out"])
+        return table
 
     def step_metrics(self, ctx: Any, rollouts: pa.Table) -> dict[str, float]:
         """The step's staleness (versions behind the step's) and its calls' times."""
@@ -155,10 +110,11 @@ class RemoteGenerate:
             if later not in self.ahead:
                 ctx, plan = plan_ahead(self.rt, self.run_id, later, step)
                 version = version_sent(self.rt, self.run_id, later, step)
-                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version)
+                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version,
+                                               ahead=True)
 
     def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any], engine: Any,
-              version: int | None = None) -> _Sent:
+              version: int | None = None, ahead: bool = False) -> _Sent:
         """Send ``plan`` to the pool, generated with ``version`` (None: the current one;
         an older one when a resumed run sends again what was in flight, see ahead.py)."""
         from gfcr.remote.call import write_parquet
@@ -166,16 +122,16 @@ class RemoteGenerate:
         started = time.perf_counter()
         call = self._call(ctx, gen, hooks, engine, self._published(version))
         write_parquet(call.plan, plan)
-        return self.calls.send(call, plan, started)
+        return self.calls.send(call, plan, started, ahead=ahead)
 
     def _drop(self, sent: _Sent) -> None:
-        """Forget a call sent ahead: delete its task run if no worker took it yet."""
+        """Forget a call sent ahead: withdraw it (a worker that takes it, or runs it
+        already, writes nothing), remove its plan, delete its task run if queued."""
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
-            state = client.read_task_run(sent.future.task_run_id).state
-            if state is None or state.is_scheduled():
-                client.delete_task_run(sent.future.task_run_id)
+            self.calls.withdraw(client, sent.call, sent.future)
+        Path(sent.call.plan).unlink(missing_ok=True)
 
     def _published(self, version: int | None) -> int | None:
         """``version`` when its weights are still published here, else None (with a
@@ -211,90 +167,3 @@ class RemoteGenerate:
                             out=str(self.staging / f"{stem}-rollouts.parquet"),
                             code_hash=code_hash(), spec_hash=spec_hash(**dumps),
                             **history_at(ctx), **dumps)
-
-class PoolCalls:
-    """Sends calls of one kind to a pool's Prefect task and waits for each, bounded (see
-    the module docstring): shared by the generate and the score calls. ``task(pool)`` is
-    the pool's task (gfcr.remote.worker); a call is a model with ``name`` and ``out``."""
-
-    def __init__(self, placement: GeneratePool, task: Callable[[str], Any],
-                 notify: Callable[[str], None]) -> None:
-        self.placement, self.task, self.notify = placement, task, notify
-
-    def send(self, call: Any, inputs: pa.Table, started: float) -> _Sent:
-        """Submit ``call`` (whose input tables are already staged) with ``.delay()``."""
-        delaying = time.perf_counter()
-        future = _outside_runs(lambda: self.task(self.placement.pool).delay(
-            name=call.name, call=call.model_dump(mode="json")))
-        return _Sent(call, future, inputs, started, time.perf_counter() - delaying)
-
-    def wait(self, sent: _Sent) -> dict[str, Any]:
-        """The call's result, waiting at most ``timeout_s`` (from its last sending):
-        NoEngineWorker naming the pool when no worker took it, TimeoutError when one took
-        it and ran too long; sent again when its worker's heartbeat stops (``lost_s``)."""
-        from prefect import get_client
-
-        pool, limit, name = self.placement.pool, self.placement.timeout_s, sent.call.name
-        started, warned = time.monotonic(), False
-        with get_client(sync_client=True) as client:
-            while True:
-                state = client.read_task_run(sent.future.task_run_id).state
-                if state is not None and state.is_final():
-                    return dict(sent.future.result())
-                waited = time.monotonic() - started
-                queued = state is None or state.is_scheduled() or state.is_pending()
-                if not queued and self._lost(sent.call, waited):
-                    self.notify(f"{name}: the engine worker of pool {pool!r} running it "
-                                f"stopped signalling for {self.placement.lost_s:g} s; "
-                                "sending the call again")
-                    sent, started = self._again(sent), time.monotonic()
-                    continue
-                if waited >= limit:
-                    self._give_up(client, sent, name, queued)
-                if queued and not warned and waited >= self.placement.warn_s:
-                    warned = True
-                    self.notify(f"{name}: waiting for an engine worker of pool {pool!r} "
-                                f"(none has taken the call for {waited:.0f} s; failing "
-                                f"after {limit:g} s)")
-                if state is None:  # between Prefect's events and its API: ask again
-                    time.sleep(0.2)
-                else:
-                    sent.future.wait(timeout=min(1.0, max(0.1, limit - waited)))
-
-    def _lost(self, call: Any, waited: float) -> bool:
-        """Whether the worker running ``call`` stopped its heartbeat (none yet: counted
-        from when the run started waiting)."""
-        beat = Path(call.out + BEAT)
-        age = time.time() - beat.stat().st_mtime if beat.exists() else waited
-        return age > self.placement.lost_s
-
-    def _again(self, sent: _Sent) -> _Sent:
-        """``sent``'s call sent once more, writing to a new output file."""
-        out = f"{sent.call.out.removesuffix('.parquet')}-again{secrets.token_hex(2)}.parquet"
-        return self.send(sent.call.model_copy(update={"out": out}), sent.plan, sent.sent)
-
-    def _give_up(self, client: Any, sent: _Sent, name: str, queued: bool) -> None:
-        pool, limit = self.placement.pool, self.placement.timeout_s
-        if queued:
-            client.delete_task_run(sent.future.task_run_id)
-            raise NoEngineWorker(
-                f"{name}: no engine worker of pool {pool!r} took the call within "
-                f"{limit:g} s; start one with `gfcr engine-worker --pool {pool}` "
-                "(same Prefect API and result storage), or raise the timeout")
-        raise TimeoutError(f"{name}: the engine worker of pool {pool!r} did not "
-                           f"finish within {limit:g} s")
-
-
-
-def _outside_runs(submit: Callable[[], Any]) -> Any:
-    """``submit()`` with no Prefect flow or task run current: ``.delay()`` ships the
-    current run context to the worker, and a flow run's context holds the flow object,
-    which does not pickle when the flow closes over the live run (gfcr.executors). The
-    worker's task run is then not nested under the flow run; its name says the step."""
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    def bare() -> Any:
-        FlowRunContext.__var__.set(None)  # type: ignore[arg-type]
-        TaskRunContext.__var__.set(None)  # type: ignore[arg-type]
-        return submit()
-    return contextvars.copy_context().run(bare)

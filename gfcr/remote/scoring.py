@@ -6,7 +6,7 @@ in the loop's runtime (``Runtime.scoring``): for such a stage it writes the step
 rollouts as Parquet in the run's staging folder, submits one :class:`ScoreCall` to the
 pool's score task (``gfcr_score__<pool>``, served by ``gfcr engine-worker``) and waits for
 it with the generate calls' bounded wait and heartbeat re-send
-(:class:`gfcr.remote.dispatch.PoolCalls`). The worker rebuilds the stage and the task
+(:class:`gfcr.remote.pool.PoolCalls`). The worker rebuilds the stage and the task
 from their configs, so a code verifier still runs the model's code in its sandbox, on
 the worker. Other filters (group filters on rewards, length shaping) stay in-process.
 """
@@ -21,9 +21,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from gfcr.remote.call import (ScoreCall, code_hash, history_at, read_parquet, spec_hash,
-                              write_parquet)
-from gfcr.remote.dispatch import GeneratePool, PoolCalls
+from gfcr.remote.call import ScoreCall, code_hash, history_at, spec_hash, write_parquet
+from gfcr.remote.pool import GeneratePool, PoolCalls
 from gfcr.remote.worker import score_task
 from gfcr.rollout import col
 
@@ -69,12 +68,12 @@ class RemoteScore:
         call = self._call(ctx, stage)
         write_parquet(call.rows, rows)
         sent = self.calls.send(call, rows, started)
-        report = self.calls.wait(sent)
+        report, table = self.calls.collect(sent)
         for message in report.get("warnings", []):
             warnings.warn(message, stacklevel=2)
         report.update(name=call.name, step=ctx.step, wall_s=time.perf_counter() - started)
         self.reports.append(report)
-        return read_parquet(report["out"])
+        return table
 
     def _call(self, ctx: Any, stage: Any) -> ScoreCall:
         dumped = stage.model_dump(mode="json")

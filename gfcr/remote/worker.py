@@ -1,7 +1,7 @@
 """Engine workers: long-lived processes that run generate stage calls for any run.
 
 ``gfcr engine-worker --pool NAME`` serves the pool's Prefect task with
-``prefect.task_worker.serve`` (:func:`serve_pool`). Each call (:class:`GenerateCall`)
+``prefect.task_worker.serve`` (:func:`gfcr.remote.serve.serve_pool`). Each call (:class:`GenerateCall`)
 names its run, configs and policy version; the worker builds the policy, engine and task
 from the configs once per (run, policy/engine/task config) and keeps them loaded between
 tasks (:class:`Engines`), loads the weight version the call names in place when it is not
@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from gfcr.remote.call import (GenerateCall, Refused, ScoreCall, check_pool, code_hash,
                               read_parquet, spec_hash, write_parquet)
+from gfcr.remote.guard import admit, withdrawn
 
 log = logging.getLogger("gfcr.engine_worker")
 
@@ -56,19 +57,23 @@ class _Loaded:
         self.policy = policy_spec.build(seed=call.seed)
         self.engine = engine_spec.build(self.policy, seed=call.seed)
         self.task: Any = lookup("task", call.task["type"]).model_validate(call.task)
-        self.version: int | None = None  # none loaded from the published weights yet
+        self.version: tuple[int, str] | None = None
+        """(version, publication id) loaded from the published weights; None: none yet."""
 
     def at_version(self, call: GenerateCall) -> bool:
-        """Load the call's weights version in place unless loaded; whether it loaded."""
+        """Load the call's weights version in place unless loaded; whether it loaded. A
+        version is known by its publication, not its number: a resumed run publishes
+        its numbers again (gfcr.weights)."""
         from gfcr.weights import WeightStore
 
-        if self.version == call.policy_version:
-            return False
         weights = WeightStore(Path(call.weights), self.policy.io)
+        published = weights.get(call.policy_version)
+        if self.version == (call.policy_version, published.ident):
+            return False
         weights.load(self.policy.model, call.policy_version)
         self.engine.update_weights()  # an engine with its own copy refreshes it
         self.policy.version = call.policy_version
-        self.version = call.policy_version
+        self.version = (call.policy_version, published.ident)
         return True
 
 
@@ -77,11 +82,12 @@ class Engines:
 
     def __init__(self, size: int = CACHED_ENGINES) -> None:
         self.size, self.lock = size, threading.Lock()
-        self.held: OrderedDict[tuple[str, str], _Loaded] = OrderedDict()
+        self.held: OrderedDict[tuple[str, str, str], _Loaded] = OrderedDict()
         self.builds = 0
 
     def get(self, call: GenerateCall) -> _Loaded:
-        key = (call.run_id, spec_hash({}, (), call.policy, call.engine, call.task))
+        key = (call.run_id, call.weights,
+               spec_hash({}, (), call.policy, call.engine, call.task))
         if key not in self.held:
             while len(self.held) >= self.size:
                 self.held.popitem(last=False)
@@ -135,11 +141,13 @@ def _beating(path: str) -> Iterator[None]:
 
     def beat() -> None:
         while True:
-            Path(path).touch()
+            try:
+                Path(path).touch(exist_ok=True)
+            except OSError:  # the run ended and removed its folder: nothing to signal
+                return
             if stop.wait(BEAT_S):
                 return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(WORKER)  # which worker runs the call
+    Path(path).write_text(WORKER)  # which worker runs the call (in its run's folder)
     thread = threading.Thread(target=beat, name="gfcr-beat", daemon=True)
     thread.start()
     try:
@@ -156,7 +164,7 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
 
     started = time.perf_counter()
     stage, hooks = check(call)
-    with ENGINES.lock, _beating(call.out + BEAT):
+    with ENGINES.lock, _beating(call.out + BEAT):  # until the output is in place
         loaded = ENGINES.get(call)
         loading = time.perf_counter()
         fresh = loaded.at_version(call)
@@ -169,11 +177,18 @@ def run_call(call: GenerateCall) -> dict[str, Any]:
         table = stage.generate(ctx, plan, loaded.engine,
                                SegmentHooks(ctx, hooks) if hooks else None)
         generated = time.perf_counter() - generating
-    write_parquet(call.out, table)
+        _write_out(call, table)
     return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
             "loaded_version": fresh, "engines_built": ENGINES.builds, "load_s": load_s,
             "generate_s": generated,
             "worker_s": time.perf_counter() - started}
+
+
+def _write_out(call: GenerateCall | ScoreCall, table: Any) -> None:
+    """Write the call's output, beating (issue 21 D3), unless its run withdrew the call
+    meanwhile; never making the run's folder again (gfcr.remote.guard)."""
+    if not withdrawn(call):
+        write_parquet(call.out, table, make_folder=False)
 
 
 def _history(call: GenerateCall | ScoreCall) -> Any:
@@ -186,14 +201,26 @@ def _history(call: GenerateCall | ScoreCall) -> Any:
     return other_store(call.store, as_of_snapshot=call.snapshot, run_id=call.run_id)
 
 
-def _generate(name: str, call: dict[str, Any]) -> dict[str, Any]:
-    """The pool task's body: one generate stage call (``name`` names the task run)."""
+def _generate(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
+    """The pool task's body: one generate stage call (``name`` names the task run),
+    run only when signed with the pool's key and its files are its run's (guard)."""
     parsed = GenerateCall.model_validate(call)
+    admit("generate", parsed, mac, WORKER, _task_run_id())
     _sign(name)
+    if withdrawn(parsed):
+        return {"out": parsed.out, "withdrawn": True, "worker": WORKER}
     report = run_call(parsed)
     log.info("%s ran on engine worker %s (version %d, %d rows, %.2f s)", name, WORKER,
              parsed.policy_version, report["rows"], report["worker_s"])
     return report
+
+
+def _task_run_id() -> str:
+    """The id of the task run this call came in (empty outside one)."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    return "" if ctx is None else str(ctx.task_run.id)
 
 
 def _sign(name: str) -> None:
@@ -230,7 +257,7 @@ def run_score(call: ScoreCall) -> dict[str, Any]:
                           policy_version=call.policy_version, task=task,
                           history=_history(call), round=call.round, quota=call.quota)
         table = applied(stage.apply(ctx, read_parquet(call.rows)), stage.label)
-    write_parquet(call.out, table)
+        _write_out(call, table)
     return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
             "warnings": [str(w.message) for w in said],
             "worker_s": time.perf_counter() - started}
@@ -259,10 +286,13 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
     return _SCORERS[call.spec_hash]
 
 
-def _score(name: str, call: dict[str, Any]) -> dict[str, Any]:
-    """The score task's body: one scoring filter stage call."""
+def _score(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
+    """The score task's body: one scoring filter stage call (checked as _generate's)."""
     parsed = ScoreCall.model_validate(call)
+    admit("score", parsed, mac, WORKER, _task_run_id())
     _sign(name)
+    if withdrawn(parsed):
+        return {"out": parsed.out, "withdrawn": True, "worker": WORKER}
     report = run_score(parsed)
     log.info("%s ran on engine worker %s (%d rows, %.2f s)", name, WORKER, report["rows"],
              report["worker_s"])
@@ -270,6 +300,11 @@ def _score(name: str, call: dict[str, Any]) -> dict[str, Any]:
 
 
 _TASKS: dict[tuple[str, str], Any] = {}
+
+
+def pool_tag(pool: str) -> str:
+    """The tag of a pool's task runs, by which a run counts the pool's busy workers."""
+    return f"gfcr-pool:{pool}"
 
 
 def pool_task(pool: str) -> Any:
@@ -290,35 +325,12 @@ def _task(body: Any, what: str, pool: str) -> Any:
 
     check_pool(pool)
     if (what, pool) not in _TASKS:
-        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}")
+        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}",
+                                body.__defaults__)
         fn.__qualname__ = fn.__name__
         fn.__doc__ = body.__doc__
         fn.__annotations__ = dict(body.__annotations__)
         _TASKS[what, pool] = task(name=f"{what}@{pool}", task_run_name="{name}",
-                                  cache_policy=NO_CACHE, persist_result=True, retries=0)(fn)
+                                  cache_policy=NO_CACHE, persist_result=True, retries=0,
+                                  tags={pool_tag(pool)})(fn)
     return _TASKS[what, pool]
-
-
-def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
-               timeout: float | None = None, imports: tuple[str, ...] = ()) -> None:
-    """Serve ``pool``'s generate calls until stopped (or ``timeout`` seconds). Needs a
-    Prefect API server (PREFECT_API_URL) and the result storage the runs use.
-    ``imports``: modules that register components the runs name (a task of one's own)
-    besides the ``gfcr.plugins`` entry points."""
-    import importlib
-
-    from prefect.settings import PREFECT_API_URL
-    from prefect.task_worker import serve
-
-    from gfcr.stage import load_plugins
-
-    global WORKER
-    if not PREFECT_API_URL.value():
-        raise RuntimeError("an engine worker needs a Prefect API server: set PREFECT_API_URL "
-                           "(task workers cannot use Prefect's temporary server)")
-    WORKER = name or WORKER
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    load_plugins()  # the stages' and engines' imports, before the first call
-    for module in imports:
-        importlib.import_module(module)
-    serve(pool_task(pool), score_task(pool), limit=limit, timeout=timeout)

@@ -24,7 +24,6 @@ ResampleOnCorrect(name=None, type='roc', group_size=4, threshold=1.0, errors='re
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any, Callable, ClassVar, Literal
 
@@ -33,6 +32,7 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.rollout import col
+from gfcr.refs import resolve
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import scored_groups, set_column
 
@@ -79,13 +79,10 @@ class ResampleOnCorrect(StageSpec):
         if self.errors.startswith("regex:"):
             regex = re.compile(self.errors[len("regex:"):])
             return lambda completion, answer, meta: float(len(regex.findall(completion)))
-        module, _, name = self.errors.partition(":")
         try:
-            # getattr: a 'module:name' the config names
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"stage {self.label!r}: cannot import errors {self.errors!r}: "
-                             f"{err}") from None
+            return resolve(self.errors, "errors")
+        except ValueError as err:
+            raise ValueError(f"stage {self.label!r}: {err}") from None
 
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
         count = self.counter()

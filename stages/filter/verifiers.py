@@ -21,7 +21,6 @@ Verify also accepts a string shorthand: ``"task"``, ``"math"``, ``"exact"``, ``"
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import warnings
@@ -30,6 +29,7 @@ from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
 
+from gfcr.refs import resolve
 from gfcr.stage import Spec, StepContext
 from stages.filter.harness import passed, plan
 from stages.filter.sandbox import Sandbox, refusal, run_python, unavailable
@@ -242,12 +242,7 @@ class Function(Spec):
         return value
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        module, _, name = self.ref.partition(":")
-        try:
-            # getattr: a 'module:name' the config names
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"cannot import scorer {self.ref!r}: {err}") from None
+        return resolve(self.ref, "scorer")
 
 
 VerifierSpec = Annotated[Union[TaskScore, MathAnswer, Match, CodeTests, Function],

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -33,8 +34,8 @@ COMPARE = ["step", "prompt", "sample_idx", "status", "completion", "completion_i
 
 
 @pytest.fixture(scope="module")
-def engine_worker(prefect_server: Any, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[subprocess.Popen]:
+def engine_worker(prefect_server: Any, pool_key: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     """One `gfcr engine-worker --pool POOL` process on the test server."""
     from prefect.settings import get_current_settings
 
@@ -115,28 +116,81 @@ def _signed(names: set[str]) -> dict[str, str]:
 def test_online_pruning_reads_the_runs_history_on_the_worker(
         tmp_path: Path, engine_worker: subprocess.Popen) -> None:
     # ARRoL's OnlinePrune fits its head on the run's stored rollouts (ctx.history): on
-    # the worker it reads the run's store, opened read-only at the step's snapshot
+    # the worker it reads the run's store, opened read-only at the step's snapshot.
+    # Compared with what holds whatever two processes sample (issue 21: comparing the
+    # worker's rows with an in-process run's failed on a fresh machine): every pruning
+    # decision the worker made, at every segment of every group, is the one OnlinePrune
+    # makes here on the same stored history and the same in-flight tokens
     from stages import GRPO, GroupSample, OnlinePrune, UniformSampler, Verify
 
+    prune = OnlinePrune(min_tokens=4, margin=0.0, window=2, min_examples=8)
     pipeline = tiny_pipeline(task=Digits(), steps=3, stages=[
-        UniformSampler(batch=4), OnlinePrune(min_tokens=4, margin=0.0, window=2,
-                                             min_examples=8),
-        GroupSample(n=4, max_tokens=16, segment_tokens=4), Verify(), GRPO(lr=1e-3)])
-    local = execute(pipeline, root=tmp_path / "local", executor="local")
-    remote = execute(pipeline, root=tmp_path / "remote", executor="local",
-                     generate_pool=_pool())
-    a, b = _rows(tmp_path / "local", local.run_id), _rows(tmp_path / "remote", remote.run_id)
-    pruned = [r for r in b if r["status"] == "pruned"]
+        UniformSampler(batch=4), prune, GroupSample(n=4, max_tokens=16, segment_tokens=4),
+        Verify(), GRPO(lr=1e-3)])
+    remote = execute(pipeline, root=tmp_path, executor="local", generate_pool=_pool())
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        rows = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{remote.run_id}' "
+                     "ORDER BY step, group_id, sample_idx").to_pylist()
+    pruned = [r for r in rows if r["status"] == "pruned"]
     assert pruned and {r["step"] for r in pruned} == {1, 2}  # pruned from history, twice
-    assert a == b
-    assert [m["pruned_frac"] for m in remote.history] == [
-        m["pruned_frac"] for m in local.history]
+    for step, metrics in enumerate(remote.history):
+        mine = [r for r in rows if r["step"] == step]
+        assert metrics["pruned_frac"] == sum(r["status"] == "pruned" for r in mine) / len(mine)
+        assert {r["policy_version_start"] for r in mine} == {metrics["policy_version"] - (
+            1 if "train/lr" in metrics else 0)}
+    for step in (1, 2):
+        _same_pruning(tmp_path, remote.run_id, step, prune,
+                      [r for r in rows if r["step"] == step])
     assert set(_signed({f"group[step={step}]" for step in range(3)})) == {
         f"group[step={step}]" for step in range(3)}
 
 
+def _same_pruning(root: Path, run_id: str, step: int, prune: Any,
+                  rows: list[dict[str, Any]]) -> None:
+    """Assert that OnlinePrune, fitted here on the run's history as of ``step - 1`` (the
+    snapshot the worker read), prunes at every segment exactly the rows the worker did.
+    At the segment ending at token L the group's in-flight rows are those longer than L
+    and those pruned at L (the HF engine asks its hooks after recording token L)."""
+    from gfcr.stage import StepContext
+    from gfcr.storage import backend
+    from stages.control.prune import MIN_SURVIVORS, balance_prunes
+    from stages.control.quality import features
+
+    store = backend().open(root / "store", read_only=True)
+    try:
+        ctx = StepContext(run_id=run_id, step=step, seed=0, policy_version=0, task=None,
+                          history=backend().history(store, run_id, as_of_step=step - 1))
+        head = prune.head(ctx)
+    finally:
+        store.close()
+    assert head is not None
+    segment, decided = 4, 0
+    for group in sorted({r["group_id"] for r in rows}):
+        members = [r for r in rows if r["group_id"] == group]
+        length = {r["rollout_id"]: len(r["completion_ids"]) for r in members}
+        was_pruned = {r["rollout_id"] for r in members if r["status"] == "pruned"}
+        for at in range(segment, 16, segment):
+            earlier = sum(1 for k in was_pruned if length[k] < at)
+            live = [r for r in members if length[r["rollout_id"]] > at or (
+                r["rollout_id"] in was_pruned and length[r["rollout_id"]] == at)]
+            if not live:
+                continue
+            budget = min(int(prune.max_prune * len(members)) - earlier,
+                         len(members) - earlier - MIN_SURVIVORS)
+            p = head.predict(np.vstack([features(r["logprobs"][:at]) for r in live]))
+            chosen = {live[i]["rollout_id"] for i in balance_prunes(p, budget, prune.margin)}
+            assert chosen == {k for k in was_pruned if length[k] == at}, (step, group, at)
+            decided += len(chosen)
+    assert decided == len(was_pruned_in(rows)) > 0
+
+
+def was_pruned_in(rows: list[dict[str, Any]]) -> list[str]:
+    return [r["rollout_id"] for r in rows if r["status"] == "pruned"]
+
+
 def test_the_workers_vllm_loads_each_version_in_place(
-        tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool) -> None:
+        tmp_path: Path, engine_worker: subprocess.Popen, shared_llms: LLMPool,
+        pool_key: Path) -> None:
     # two published versions far apart (v1: every weight tripled); the worker generates the
     # same plan at v0 then v1 with the one vLLM it built (prefix cache full of v0's): each
     # version's logprobs are the policy's own at that version (teacher-forced here) and
@@ -145,10 +199,11 @@ def test_the_workers_vllm_loads_each_version_in_place(
 
     from gfcr.loop import plan_defaults
     from gfcr.remote.call import GenerateCall, code_hash, read_parquet, spec_hash, write_parquet
+    from gfcr.remote.keys import load_key, sign
     from gfcr.remote.worker import pool_task
     from gfcr.rollout import PROMPT_SCHEMA
     from gfcr.stage import StepContext
-    from gfcr.weights import WeightStore
+    from gfcr.weights import WeightStore, directory
     from stages.engines.hf import token_logprobs
 
     pipeline = tiny_pipeline(task=Digits(), policy=VLLM_POLICY, engine=vllm_engine_spec())
@@ -158,7 +213,10 @@ def test_the_workers_vllm_loads_each_version_in_place(
         for p in policies[1].model.parameters():
             p.mul_(3.0)
     assert policies[0].io is not None
-    weights = WeightStore(tmp_path / "weights", policies[0].io)
+    run_id = f"direct-{tmp_path.name}"  # a run's layout: the worker writes only there
+    staging = tmp_path / "staging" / run_id / "remote"
+    staging.mkdir(parents=True)
+    weights = WeightStore(directory(tmp_path, run_id), policies[0].io)
     for version, policy in enumerate(policies):
         weights.publish(policy.model, version, "direct")
     ctx = StepContext(run_id="direct", step=0, seed=0, policy_version=0, task=pipeline.task)
@@ -168,19 +226,20 @@ def test_the_workers_vllm_loads_each_version_in_place(
     # without the reset the logprobs were 3.0 off)
     long = [(p * 40)[:200] for p in plan.column("prompt").to_pylist()]
     plan = plan.set_column(plan.schema.get_field_index("prompt"), "prompt", pa.array(long))
-    write_parquet(tmp_path / "plan.parquet", plan)
+    write_parquet(staging / "plan.parquet", plan)
     dumps = dict(stage=gen.model_dump(mode="json"), hooks=(),
                  policy=pipeline.policy.model_dump(mode="json"),
                  engine=pipeline.engine.model_dump(mode="json"),
                  task=pipeline.task.model_dump(mode="json"))
     reports, outputs = [], []
     for version, policy in enumerate(policies):
-        call = GenerateCall(run_id=f"direct-{tmp_path.name}", step=0, seed=0,
+        call = GenerateCall(run_id=run_id, step=0, seed=0,
                             policy_version=version, weights=str(weights.where),
-                            plan=str(tmp_path / "plan.parquet"),
-                            out=str(tmp_path / f"v{version}.parquet"), code_hash=code_hash(),
+                            plan=str(staging / "plan.parquet"),
+                            out=str(staging / f"v{version}.parquet"), code_hash=code_hash(),
                             spec_hash=spec_hash(**dumps), **dumps)
-        future = pool_task(POOL).delay(name=call.name, call=call.model_dump(mode="json"))
+        future = pool_task(POOL).delay(name=call.name, call=call.model_dump(mode="json"),
+                                       mac=sign("generate", call, load_key(pool_key)))
         reports.append(future.result(timeout=400))
         rows = read_parquet(call.out).to_pylist()
         outputs.append([(r["completion_ids"], r["logprobs"]) for r in rows])
@@ -189,7 +248,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
         # here: a fresh context (the stage's seed is drawn from it) and this version's policy
         here = StepContext(run_id="direct", step=0, seed=0, policy_version=0,
                            task=pipeline.task)
-        expected = gen.generate(here, read_parquet(tmp_path / "plan.parquet"),
+        expected = gen.generate(here, read_parquet(staging / "plan.parquet"),
                                 pipeline.engine.build(policy, seed=0), None).to_pylist()
         shared_llms.release()
         assert [(r["completion_ids"], r["logprobs"]) for r in expected] == outputs[-1]

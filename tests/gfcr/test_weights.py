@@ -62,3 +62,24 @@ def test_publishing_a_version_again_replaces_it(tmp_path):
     store.load(target, 7)
     assert torch.equal(target[0].weight, _model(1)[0].weight)
     assert [p.version for p in store.versions()] == [7]
+
+
+def test_a_resumed_run_publishing_an_older_version_keeps_it(tmp_path):
+    # issue 21 D1: a run killed three versions after its newest checkpoint resumes from
+    # it and publishes that older version again; it must stay (pruning by the highest
+    # numbers deleted it in the same call: MissingVersion on every resume), and the
+    # versions of the abandoned future go
+    store = WeightStore(tmp_path / "w", TORCH_IO, keep=3)
+    for version in range(7):
+        store.publish(_model(version), version)
+    assert [p.version for p in store.versions()] == [4, 5, 6]
+    first = (store.path(5) / MANIFEST).read_text()
+    store.publish(_model(3), 3)  # the checkpoint's version, after the resume
+    assert store.get(3).version == 3
+    assert [p.version for p in store.versions()] == [3]
+    store.load(_model(0), 3)
+    for version in (4, 5):  # the resumed run goes on: new publications of old numbers
+        store.publish(_model(10 + version), version)
+    assert [p.version for p in store.versions()] == [3, 4, 5]
+    # a worker that loaded the abandoned v5 tells the new one apart (gfcr.remote.worker)
+    assert store.get(5).ident and store.get(5).ident not in first
