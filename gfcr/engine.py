@@ -278,7 +278,9 @@ class TensorIO(Protocol):
 
 @dataclass
 class Policy:
-    """The trainable policy, shared in-process by the HF engine and the learner.
+    """The trainable policy: the learner's (gfcr.services.Learner), which an in-process
+    engine may share. Only the engines, the learner and these methods touch ``model``
+    (tools/policy_model.py checks it).
 
     ``model`` is a causal LM with the transformers call convention
     (``model(input_ids=..., attention_mask=...).logits``).
@@ -293,3 +295,24 @@ class Policy:
     io: TensorIO | None = None
     """How checkpoints write and read this policy's tensors (None: it cannot be
     checkpointed); set by the policy component that builds it."""
+
+    def weights(self) -> Any:
+        """The live tensors (the model's state dict): what an in-process handle holds."""
+        return self.model.state_dict()
+
+    def load(self, state: Any) -> None:
+        """Copy ``state`` (a state dict) into the model in place."""
+        self.model.load_state_dict(state)
+
+    def save_weights(self, path: Path) -> None:
+        self._io().save_weights(self.model, path)
+
+    def load_weights(self, path: Path) -> None:
+        self._io().load_weights(self.model, path)
+
+    def _io(self) -> TensorIO:
+        if self.io is None:
+            raise TypeError("the policy has no tensor I/O (gfcr.engine.Policy.io), so its "
+                            "weights cannot be written or read; its policy component must "
+                            "set one (stages.engines.torch_io.TORCH_IO for torch models)")
+        return self.io

@@ -68,15 +68,15 @@ class WeightStore:
     def path(self, version: int) -> Path:
         return self.where / f"v{version:06d}"
 
-    def publish(self, model: Any, version: int, run_id: str = "") -> Published:
-        """Write ``model``'s weights as ``version`` atomically, then prune to ``keep``.
-        Publishing a version already there replaces it (the same weights again after a
-        resume)."""
+    def publish(self, handle: Any, version: int, run_id: str = "") -> Published:
+        """Write the weights of ``handle`` (a gfcr.services.WeightHandle: the learner's)
+        as ``version`` atomically, then prune to ``keep``. Publishing a version already
+        there replaces it (the same weights again after a resume)."""
         self.where.mkdir(parents=True, exist_ok=True)
         tmp = self.where / f".tmp-v{version:06d}-{os.getpid()}-{secrets.token_hex(3)}"
         tmp.mkdir()
         try:
-            self.io.save_weights(model, tmp / WEIGHTS)
+            handle.save(tmp / WEIGHTS)
             manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS],
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))

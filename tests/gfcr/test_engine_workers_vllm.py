@@ -143,7 +143,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
     # its rollouts those of a vLLM here on that version's weights
     import torch
 
-    from gfcr.loop import plan_defaults
+    from gfcr.rounds import plan_defaults
     from gfcr.remote.call import GenerateCall, code_hash, read_parquet, spec_hash, write_parquet
     from gfcr.remote.worker import pool_task
     from gfcr.rollout import PROMPT_SCHEMA
