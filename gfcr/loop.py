@@ -15,9 +15,10 @@
 The loop talks to services (gfcr.services: a generator, a learner, a scorer), wherever
 they run; every stage call goes through ``call(name, fn, *refs)`` (the executor: a plain
 call, or a Prefect task named ``<stage>[step=N]``), and tables cross calls as references
-through a :class:`gfcr.runtime.Stash`. With ``max_staleness = k > 0`` the round-0 batches
-of the next k steps generate while this one trains (gfcr.rounds). Only complete rollouts reach filters and
-training (so a stopped rollout never reaches a scorer); partial and pruned ones are
+through a :class:`gfcr.runtime.Stash`. With ``max_staleness = k > 0`` the round-0
+batches of the next k steps generate while this one trains (gfcr.rounds). Only complete
+rollouts reach filters and training (so a stopped rollout never reaches a scorer);
+partial and pruned ones are
 committed with the reason they were not kept. Allocate stages get the plan with ``n`` and
 ``max_tokens`` filled in; on_segment hooks see the whole generate call in ``ctx.flight``.
 """
