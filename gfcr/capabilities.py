@@ -106,6 +106,15 @@ class EngineRng(Protocol):
 
 
 @runtime_checkable
+class WeightsDtype(Protocol):
+    """Optional on an engine config: the dtype its engine holds weights in, when not the
+    policy's, so versions published for it are written in that dtype (vLLM's)."""
+
+    @property
+    def weights_dtype(self) -> str: ...
+
+
+@runtime_checkable
 class TeacherForcing(Protocol):
     """Optional on an engine (the ``teacher_forcing`` capability): the behaviour
     logprobs of tokens it did not sample, by a teacher-forced pass at its weights."""

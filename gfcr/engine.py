@@ -263,7 +263,10 @@ class TensorIO(Protocol):
     that loads without running code, and the framework's global random generators (with
     numpy's, in a form its state file holds). stages.engines.torch_io is torch's."""
 
-    def save_weights(self, model: Any, path: Path) -> None: ...
+    def save_weights(self, model: Any, path: Path, dtype: str | None = None) -> None:
+        """Write ``model``'s weights to ``path``, cast to ``dtype`` (a name such as
+        "bfloat16"; None: as the model holds them)."""
+        ...
 
     def load_weights(self, model: Any, path: Path) -> None: ...
 
@@ -304,8 +307,8 @@ class Policy:
         """Copy ``state`` (a state dict) into the model in place."""
         self.model.load_state_dict(state)
 
-    def save_weights(self, path: Path) -> None:
-        self._io().save_weights(self.model, path)
+    def save_weights(self, path: Path, dtype: str | None = None) -> None:
+        self._io().save_weights(self.model, path, dtype)
 
     def load_weights(self, path: Path) -> None:
         self._io().load_weights(self.model, path)

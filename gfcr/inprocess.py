@@ -41,10 +41,10 @@ class InProcessHandle:
     def state(self) -> Any:
         return self.policy.weights() if self.copied is None else self.copied
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, dtype: str | None = None) -> None:
         if self.copied is not None:
             raise TypeError("a frozen in-process handle is only loaded in this process")
-        self.policy.save_weights(path)
+        self.policy.save_weights(path, dtype)
 
     def frozen(self) -> "InProcessHandle":
         if self.copied is not None:
@@ -100,6 +100,20 @@ class LocalLearner:
         return list(forced(prompts, completions, temperature))
 
 
+class SameTensors:
+    """The in-process weight sync (gfcr.services.WeightSync): an engine that shares the
+    learner's module is only told its weights changed (vLLM then copies them into its
+    own); one holding its own policy copies the handle's tensors in place."""
+
+    def __init__(self, engine: Engine, policy: Any, *, shared: bool) -> None:
+        self.engine, self.policy, self.shared = engine, policy, shared
+
+    def send(self, handle: WeightHandle) -> None:
+        self.engine.update_weights(None if self.shared else handle.state())
+        if self.policy is not None:
+            self.policy.version = handle.version  # the version it holds is the handle's
+
+
 class LocalScorer:
     """Filter stages run here, on this thread."""
 
@@ -120,6 +134,7 @@ class LocalGenerator:
                  background: bool = False,
                  capabilities: frozenset[str] = frozenset()) -> None:
         self.engine, self.policy, self.shared = engine, policy, shared
+        self.sync = SameTensors(engine, policy, shared=shared)
         self._capabilities = capabilities
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gfcr-generate") \
             if background else None
@@ -196,9 +211,7 @@ class LocalGenerator:
         return future
 
     def _load_now(self, handle: WeightHandle) -> None:
-        self.engine.update_weights(None if self.shared else handle.state())
-        if self.policy is not None:
-            self.policy.version = handle.version  # the version it holds is the handle's
+        self.sync.send(handle)
         self._loaded = handle.version
 
 

@@ -43,8 +43,9 @@ class WeightHandle(Protocol):
         the learner does not update again (see :meth:`frozen`)."""
         ...
 
-    def save(self, path: Path) -> None:
-        """Write the weights to ``path`` with the policy's tensor I/O (a file sync)."""
+    def save(self, path: Path, dtype: str | None = None) -> None:
+        """Write the weights to ``path`` with the policy's tensor I/O, cast to ``dtype``
+        (None: as the learner holds them): a file sync."""
         ...
 
     def frozen(self) -> "WeightHandle":
@@ -54,11 +55,12 @@ class WeightHandle(Protocol):
 
 
 class WeightSync(Protocol):
-    """How a learner's handle reaches a generator: the same tensors in-process, a
-    versioned folder across hosts (gfcr.weights.WeightStore), a broadcast on a GPU
-    collective. ``send`` returns once the generator side can load the version."""
+    """How a learner's handle reaches a generator's engine: the same tensors in-process
+    (gfcr.inprocess.SameTensors), a versioned folder across hosts (gfcr.weights.FileSync),
+    a broadcast on a GPU collective. ``send`` returns once the generator side can load
+    ``handle.version`` and the learner may update again."""
 
-    def send(self, handle: WeightHandle) -> WeightHandle: ...
+    def send(self, handle: WeightHandle) -> None: ...
 
 
 class Pending(Protocol):

@@ -142,3 +142,29 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class FileSync:
+    """The weight sync across hosts (gfcr.services.WeightSync): each version published
+    once to ``store``, written in the engine's ``dtype`` (None: the learner's), which a
+    worker loads by the version its call names."""
+
+    def __init__(self, store: WeightStore, run_id: str, dtype: str | None = None) -> None:
+        self.store, self.run_id, self.dtype = store, run_id, dtype
+        self.published: int | None = None
+
+    def send(self, handle: Any) -> None:
+        if self.published != handle.version:
+            self.store.publish(_Cast(handle, self.dtype), handle.version, self.run_id)
+            self.published = handle.version
+
+
+@dataclass(frozen=True)
+class _Cast:
+    """``handle`` written in ``dtype``."""
+
+    handle: Any
+    dtype: str | None
+
+    def save(self, path: Path) -> None:
+        self.handle.save(path, self.dtype)

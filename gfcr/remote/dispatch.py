@@ -23,12 +23,13 @@ from typing import Any, Callable
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gfcr.capabilities import WeightsDtype
 from gfcr.remote.call import (GenerateCall, check_pool, code_hash, history_at, read_parquet,
                               spec_hash)
 from gfcr.remote.worker import BEAT, pool_task
 from gfcr.rounds import staleness
 from gfcr.services import WeightHandle
-from gfcr.weights import WeightStore, directory
+from gfcr.weights import FileSync, WeightStore, directory
 
 log = logging.getLogger("gfcr.remote")
 
@@ -106,8 +107,10 @@ class RemoteGenerate:
         self.handle: WeightHandle | None = None  # None: the weights the run started with
         keep = max(placement.keep, self.pipeline.max_staleness + 2)
         self.weights = WeightStore(directory(root, run_id), local.policy.io, keep=keep)
+        spec = pipeline.engine
+        self.sync = FileSync(self.weights, run_id,
+                             spec.weights_dtype if isinstance(spec, WeightsDtype) else None)
         self.staging = Path(root).resolve() / "staging" / run_id / "remote"
-        self.published: int | None = None
         self.publish_s = 0.0  # publishing weights since the last step's metrics
         self.notify = notify or log.warning
         self.calls = PoolCalls(placement, pool_task, self.notify)
@@ -165,14 +168,11 @@ class RemoteGenerate:
         return metrics
 
     def _call(self, ctx: Any, gen: Any, hooks: list[Any]) -> GenerateCall:
-        version = self.version
-        if self.published != version:
-            publishing = time.perf_counter()
-            if self.handle is None:
-                raise RuntimeError("the generator was sent a call before any weights")
-            self.weights.publish(self.handle, version, self.run_id)
-            self.publish_s += time.perf_counter() - publishing
-            self.published = version
+        if self.handle is None:
+            raise RuntimeError("the generator was sent a call before any weights")
+        version, publishing = self.handle.version, time.perf_counter()
+        self.sync.send(self.handle)  # once per version
+        self.publish_s += time.perf_counter() - publishing
         dumps = dict(stage=gen.model_dump(mode="json"),
                      hooks=tuple(h.model_dump(mode="json") for h in hooks),
                      policy=self.pipeline.policy.model_dump(mode="json"),

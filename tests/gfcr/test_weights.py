@@ -70,3 +70,25 @@ def test_publishing_a_version_again_replaces_it(tmp_path):
     store.load(target, 7)
     assert torch.equal(target[0].weight, _model(1)[0].weight)
     assert [p.version for p in store.versions()] == [7]
+
+
+def test_the_file_sync_writes_each_version_once_in_the_engine_dtype(tmp_path):
+    from safetensors.torch import load_file
+
+    from gfcr.weights import FileSync
+
+    store = WeightStore(tmp_path / "w", TORCH_IO)
+    sync = FileSync(store, "run-1", dtype="bfloat16")
+    source = _model(1)
+    handle = InProcessHandle(Policy(model=source, tokenizer=None, io=TORCH_IO),  # type: ignore[arg-type]
+                             version=4)
+    sync.send(handle)
+    written = store.get(4).weights
+    assert {t.dtype for t in load_file(str(written)).values()} == {torch.bfloat16}
+    stamp = written.stat().st_mtime_ns
+    sync.send(handle)  # the same version again: not written again
+    assert store.get(4).weights.stat().st_mtime_ns == stamp
+    target = _model(2)
+    store.load(target, 4)  # a float32 model loads the bfloat16 file, cast back
+    for a, b in zip(source.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a.to(torch.bfloat16).float(), b)
