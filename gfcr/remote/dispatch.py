@@ -252,8 +252,11 @@ class PoolCalls:
                                 f"after {limit:g} s)")
                 if state is None:  # between Prefect's events and its API: ask again
                     time.sleep(0.2)
-                else:
+                    continue
+                try:
                     sent.future.wait(timeout=min(1.0, max(0.1, limit - waited)))
+                except RuntimeError:  # the future's own read saw no state yet (a loaded
+                    time.sleep(0.2)   # server answers its reads out of step): ask again
 
     def _lost(self, call: Any, waited: float) -> bool:
         """Whether the worker running ``call`` stopped its heartbeat (none yet: counted
