@@ -15,7 +15,7 @@ so the accumulated gradient is the full-batch gradient.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -80,3 +80,44 @@ def test_a_run_stopped_with_a_round_in_flight_resumes_as_the_uninterrupted_run(
     assert [m["policy_version"] for m in resumed.history] == [
         m["policy_version"] for m in whole.history]
     assert resumed.accuracy_after == whole.accuracy_after
+
+
+def test_a_load_behind_a_generation_in_flight_gets_the_weights_of_its_hand_out() -> None:
+    # the engine generates on its own thread; a load submitted meanwhile is queued with a
+    # frozen copy, so the learner may update at once without changing what is loaded
+    import threading
+
+    import torch
+
+    from gfcr.inprocess import LocalGenerator, LocalLearner
+    from stages import HF, TinyLlama
+
+    spec = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    learner_policy, engine_policy = spec.build(seed=0), spec.build(seed=1)
+    learner = LocalLearner(learner_policy, None)
+    generator = LocalGenerator(HF(device="cpu").build(engine_policy, seed=0), engine_policy,
+                               shared=False, background=True)
+    release = threading.Event()
+
+    class Blocked:
+        def generate(self, ctx: Any, plan: Any, engine: Any, on_segment: Any) -> str:
+            release.wait(timeout=60)
+            return "generated"
+
+    try:
+        pending = generator.submit(None, Blocked(), None, [])  # type: ignore[arg-type]
+        handle = learner.publish()
+        handed_out = {k: v.clone() for k, v in learner_policy.model.state_dict().items()}
+        generator.load(handle)  # behind the blocked generation
+        with torch.no_grad():  # the learner updates at once
+            for p in learner_policy.model.parameters():
+                p.add_(1.0)
+        release.set()
+        assert pending.result() == "generated"
+        generator.drain()
+    finally:
+        release.set()
+        generator.close()
+    assert generator.version == engine_policy.version == handle.version == 1
+    loaded = engine_policy.model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in handed_out.items())
