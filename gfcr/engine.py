@@ -236,7 +236,8 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, state: Any | None = None) -> int:
-        """The explicit weight sync: called after every learner update, the warm start
+        """The explicit weight sync, called by the in-process generator when it loads a
+        learner's handle (gfcr.inprocess.SameTensors): after an update, the warm start
         and a checkpoint restore. ``state`` (a state dict), when given, is loaded into the
         policy first; None: the trainer already changed ``policy.model`` in place. An
         engine sharing that module (HF) only advances the version; one holding its own
