@@ -148,6 +148,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
     from gfcr.remote.worker import pool_task
     from gfcr.rollout import PROMPT_SCHEMA
     from gfcr.stage import StepContext
+    from gfcr.inprocess import InProcessHandle
     from gfcr.weights import WeightStore
     from stages.engines.hf import token_logprobs
 
@@ -160,7 +161,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
     assert policies[0].io is not None
     weights = WeightStore(tmp_path / "weights", policies[0].io)
     for version, policy in enumerate(policies):
-        weights.publish(policy.model, version, "direct")
+        weights.publish(InProcessHandle(policy, version), version, "direct")
     ctx = StepContext(run_id="direct", step=0, seed=0, policy_version=0, task=pipeline.task)
     plan = plan_defaults(select.select(ctx, PROMPT_SCHEMA.empty_table()), gen)
     # prompts of 200+ tokens: vLLM's prefix cache holds whole blocks of 128 tokens, so the
