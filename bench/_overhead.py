@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gfcr.cli import quiet_prefect
+from gfcr.inprocess import local_services
 from gfcr.loop import Runtime, run_step
 from gfcr.pipeline import Pipeline
 from gfcr.run import MemoryStash, execute
@@ -172,8 +173,8 @@ def _bare_stage_cpu(pipeline: Pipeline, cache: Path) -> float:
     if pipeline.warmstart is not None:
         pipeline.warmstart.run(policy, pipeline.task, seed=pipeline.seed, cache_dir=cache)
     learner = pipeline.of_kind("train")[0].learner(policy, seed=pipeline.seed)
-    rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=MemoryStash())
+    rt = Runtime(pipeline=pipeline, task=pipeline.task,
+                 services=local_services(engine, policy, learner), stash=MemoryStash())
     work = [sum(run_step(rt, "bare", step, lambda name, fn, *args: fn(*args)).cpu.values())
             for step in range(pipeline.steps)]
     return statistics.median(work[2:])

@@ -50,7 +50,9 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 import torch  # noqa: E402
 
 from gfcr import Evaluation, Pipeline  # noqa: E402
+from gfcr.inprocess import local_services  # noqa: E402
 from gfcr.loop import Runtime, run_step  # noqa: E402
+from gfcr.runtime import Record  # noqa: E402
 from gfcr.run import MemoryStash, execute  # noqa: E402
 from stages import (GRPO, HF, ActivePartialRollouts, GroupSample, OnlinePrune,  # noqa: E402
                     RecyclePartials, TokenBudget, UniformSampler, Verify)
@@ -94,9 +96,10 @@ def _runtime(p: Pipeline, store: RolloutStore, run_id: str, policy: Any) -> Runt
 
     def history(step: int) -> History:
         return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
-    return Runtime(pipeline=p, task=p.task, engine=p.engine.build(policy, seed=p.seed),
-                   learner=None, stash=MemoryStash(), commit=store.commit_step,
-                   history=history)
+    engine = p.engine.build(policy, seed=p.seed)
+    return Runtime(pipeline=p, task=p.task, services=local_services(engine, policy, None),
+                   stash=MemoryStash(),
+                   record=Record(commit=store.commit_step, history_at=history))
 
 
 def _timed(spent: dict[tuple[str, str], float], key: str) -> Callable[..., Any]:

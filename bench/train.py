@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
+from gfcr.inprocess import local_services  # noqa: E402
 from gfcr.loop import Runtime, run_step  # noqa: E402
 from gfcr.pipeline import Pipeline
 from gfcr.loading import load  # noqa: E402
@@ -153,8 +154,8 @@ def default_step_share(pipeline: Pipeline, *, steps: int, cache: Path,
     if pipeline.warmstart is not None:
         pipeline.warmstart.run(policy, pipeline.task, seed=pipeline.seed, cache_dir=cache)
     learner = _Recording(pipeline.of_kind("train")[0].learner(policy, seed=pipeline.seed))
-    rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=MemoryStash())
+    rt = Runtime(pipeline=pipeline, task=pipeline.task,
+                 services=local_services(engine, policy, learner), stash=MemoryStash())
     per_kind: dict[str, float] = {}
     total, rows = 0.0, []
     for step in range(steps):

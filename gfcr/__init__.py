@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
     from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
     from gfcr.run import RunSummary, execute
+    from gfcr.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
     from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
                             register)
 
@@ -28,6 +29,8 @@ _WHERE = {
     "gfcr.loading": ("load",),
     "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
     "gfcr.run": ("RunSummary", "execute"),
+    "gfcr.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
+                      "WeightSync"),
     "gfcr.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",
                    "register"),
 }

@@ -14,10 +14,11 @@ the capability, before anything runs.
 - ``top_k``: ``SamplingParams.top_logprobs=k`` honoured, the k most likely tokens and
   their logprobs at every generated position (TreeRollout's branch points, from the
   engine's own distributions: no second pass);
-- ``teacher_forcing``: ``engine.policy.model`` in this process, for teacher-forced
-  passes (Hints' forced-token logprobs: the logprobs, at the sampling temperature, of
-  tokens the policy did not sample; top-k cannot give them, and vLLM's prompt logprobs
-  are taken before temperature, so only a pass over the policy can).
+- ``teacher_forcing``: ``forced_logprobs(prompt_ids, ids, temperature)`` on the engine
+  (:class:`TeacherForcing`), a teacher-forced pass at the weights it generates with
+  (Hints' forced-token logprobs: the logprobs, at the sampling temperature, of tokens
+  the policy did not sample; top-k cannot give them, and vLLM's prompt logprobs are
+  taken before temperature, so only a pass over the policy can).
 """
 
 from __future__ import annotations
@@ -102,6 +103,24 @@ class EngineRng(Protocol):
     def get_rng_state(self) -> object: ...
 
     def set_rng_state(self, state: object) -> None: ...
+
+
+@runtime_checkable
+class WeightsDtype(Protocol):
+    """Optional on an engine config: the dtype its engine holds weights in, when not the
+    policy's, so versions published for it are written in that dtype (vLLM's)."""
+
+    @property
+    def weights_dtype(self) -> str: ...
+
+
+@runtime_checkable
+class TeacherForcing(Protocol):
+    """Optional on an engine (the ``teacher_forcing`` capability): the behaviour
+    logprobs of tokens it did not sample, by a teacher-forced pass at its weights."""
+
+    def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
+                        temperature: float) -> list[float]: ...
 
 
 @runtime_checkable

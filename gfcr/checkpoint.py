@@ -4,12 +4,14 @@ A checkpoint holds what the store does not: the state after step ``k`` of the ob
 that live in the worker process. Layout under the run root::
 
     runs/<run_id>/checkpoints/step-<k>/
-        model.safetensors   the policy's weights
+        model.safetensors   the policy's weights (the learner's, gfcr.services.Learner)
         state.pt            learner state (optimizer, counters, anything its state_dict
                             holds, without the weights again) and RNG states: torch,
                             CUDA, numpy, Python ``random`` and the engine's sampler
         progress.json       what the run summary needs from before step k+1: held-out
                             accuracies, warm-start metrics, per-step metrics
+        ahead-<s>.arrow     an asynchronous run's round-0 batch of step s, generated
+                            ahead and not yet trained on (gfcr.rounds)
         manifest.json       format, run id, step, spec hash, policy version, time, files
         COMPLETE            written last: a folder without it is ignored
 
@@ -41,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
 from pydantic import BaseModel, ConfigDict
 
 from gfcr.capabilities import EngineRng
@@ -93,23 +97,29 @@ def directory(root: Path, run_id: str) -> Path:
 
 
 def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, learner: Any,
-         engine: Any, progress: dict[str, Any], keep: int) -> Checkpoint:
+         engine: Any, progress: dict[str, Any], keep: int,
+         ahead: dict[int, pa.Table] | None = None) -> Checkpoint:
     """Write the state after ``step`` to ``where/step-<step>`` atomically, then keep the
-    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.engine.Policy`;
-    ``learner`` (or None) has ``state_dict()``; ``engine`` may have ``get_rng_state()``."""
+    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.engine.Policy` (its
+    tensor I/O); ``learner`` a :class:`gfcr.services.Learner`, which writes the weights;
+    ``engine`` may have ``get_rng_state()``; ``ahead`` the batches generated ahead."""
     io = _io(policy)
     where.mkdir(parents=True, exist_ok=True)
     tmp = where / f".tmp-step-{step}-{os.getpid()}-{secrets.token_hex(3)}"
     tmp.mkdir()
+    batches = {f"ahead-{s}.arrow": table for s, table in sorted((ahead or {}).items())}
     manifest = Manifest(format=FORMAT, run_id=run_id, step=step, spec_hash=spec_hash,
-                        policy_version=int(policy.version),
+                        policy_version=int(learner.version),
                         saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                        files=(WEIGHTS, STATE, PROGRESS, MANIFEST))
+                        files=(WEIGHTS, STATE, PROGRESS, *batches, MANIFEST))
     try:
-        io.save_weights(policy.model, tmp / WEIGHTS)
-        io.save_state({"learner": _learner_state(learner, policy.model),
+        learner.save_weights(tmp / WEIGHTS)
+        io.save_state({"learner": _learner_state(learner),
                        "rng": _rng_state(io, engine)}, tmp / STATE)
         (tmp / PROGRESS).write_text(json.dumps(progress))
+        for file, table in batches.items():
+            with ipc.new_file(tmp / file, table.schema) as out:
+                out.write_table(table)
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
         for name in manifest.files:
             _fsync(tmp / name)
@@ -156,21 +166,21 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _learner_state(learner: Any, model: Any) -> dict[str, Any] | None:
+def _learner_state(learner: Any) -> dict[str, Any] | None:
     """The learner's state dict without the policy weights it shares with
     ``model.safetensors`` (its ``"model"`` entry, when that is the policy's own tensors)."""
-    if learner is None:
+    found = learner.state_dict()
+    if found is None:
         return None
-    state = dict(learner.state_dict())
-    if _is_policy_weights(state.get("model"), model):
+    state = dict(found)
+    if _is_policy_weights(state.get("model"), learner.handle().state()):
         state["model"] = "<model.safetensors>"
     return state
 
 
-def _is_policy_weights(value: Any, model: Any) -> bool:
+def _is_policy_weights(value: Any, own: Any) -> bool:
     if not isinstance(value, dict):
         return False
-    own = model.state_dict()
     return value.keys() == own.keys() and all(
         value[k].data_ptr() == own[k].data_ptr() for k in own)
 
@@ -225,32 +235,41 @@ def latest(where: Path) -> Checkpoint | None:
 
 
 def restore(ckpt: Checkpoint, *, policy: Any, learner: Any, engine: Any) -> dict[str, Any]:
-    """Load ``ckpt`` into the live objects (weights, learner, RNGs, policy version) and
-    return its progress record."""
+    """Load ``ckpt`` into the live objects (the learner's weights, its state and version,
+    RNGs) and return its progress record. The generator loads the learner's weights
+    after it (gfcr.run)."""
     io = _io(policy)
     try:
-        io.load_weights(policy.model, ckpt.path / WEIGHTS)
+        learner.load_weights(ckpt.path / WEIGHTS, ckpt.manifest.policy_version)
         state = io.load_state(ckpt.path / STATE)
         progress = json.loads((ckpt.path / PROGRESS).read_text())
     except (OSError, RuntimeError, ValueError) as err:
         raise CheckpointError(f"cannot load checkpoint {str(ckpt.path)!r}: {err}") from err
-    _load_learner(ckpt, learner, state["learner"], policy.model)
+    _load_learner(ckpt, learner, state["learner"])
     _set_rng_state(io, state["rng"], engine)
-    engine.update_weights()  # an engine holding its own copy (vLLM) loads the weights too
-    policy.version = ckpt.manifest.policy_version
     return progress
 
 
-def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None,
-                  model: Any) -> None:
-    if (learner is None) != (state is None):
+def ahead(ckpt: Checkpoint) -> dict[int, pa.Table]:
+    """The batches generated ahead that ``ckpt`` holds, by step (gfcr.rounds)."""
+    found = {}
+    for file in ckpt.manifest.files:
+        if file.startswith("ahead-"):
+            with ipc.open_file(ckpt.path / file) as reader:
+                found[int(file[len("ahead-"):-len(".arrow")])] = reader.read_all()
+    return found
+
+
+def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None) -> None:
+    trains = learner.state_dict() is not None
+    if trains != (state is not None):
         has = "no learner state" if state is None else "a learner state"
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds {has}, but the pipeline "
-                              f"{'has' if learner is not None else 'has no'} train stage")
-    if learner is None or state is None:
+                              f"{'has' if trains else 'has no'} train stage")
+    if state is None:
         return
     if state.get("model") == "<model.safetensors>":
-        state = {**state, "model": model.state_dict()}
+        state = {**state, "model": learner.handle().state()}
     learner.load_state_dict(state)
 
 

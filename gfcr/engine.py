@@ -236,7 +236,8 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, state: Any | None = None) -> int:
-        """The explicit weight sync: called after every learner update, the warm start
+        """The explicit weight sync, called by the in-process generator when it loads a
+        learner's handle (gfcr.inprocess.SameTensors): after an update, the warm start
         and a checkpoint restore. ``state`` (a state dict), when given, is loaded into the
         policy first; None: the trainer already changed ``policy.model`` in place. An
         engine sharing that module (HF) only advances the version; one holding its own
@@ -263,7 +264,10 @@ class TensorIO(Protocol):
     that loads without running code, and the framework's global random generators (with
     numpy's, in a form its state file holds). stages.engines.torch_io is torch's."""
 
-    def save_weights(self, model: Any, path: Path) -> None: ...
+    def save_weights(self, model: Any, path: Path, dtype: str | None = None) -> None:
+        """Write ``model``'s weights to ``path``, cast to ``dtype`` (a name such as
+        "bfloat16"; None: as the model holds them)."""
+        ...
 
     def load_weights(self, model: Any, path: Path) -> None: ...
 
@@ -278,7 +282,9 @@ class TensorIO(Protocol):
 
 @dataclass
 class Policy:
-    """The trainable policy, shared in-process by the HF engine and the learner.
+    """The trainable policy: the learner's (gfcr.services.Learner), which an in-process
+    engine may share. Only the engines, the learner and these methods touch ``model``
+    (tools/policy_model.py checks it).
 
     ``model`` is a causal LM with the transformers call convention
     (``model(input_ids=..., attention_mask=...).logits``).
@@ -293,3 +299,24 @@ class Policy:
     io: TensorIO | None = None
     """How checkpoints write and read this policy's tensors (None: it cannot be
     checkpointed); set by the policy component that builds it."""
+
+    def weights(self) -> Any:
+        """The live tensors (the model's state dict): what an in-process handle holds."""
+        return self.model.state_dict()
+
+    def load(self, state: Any) -> None:
+        """Copy ``state`` (a state dict) into the model in place."""
+        self.model.load_state_dict(state)
+
+    def save_weights(self, path: Path, dtype: str | None = None) -> None:
+        self._io().save_weights(self.model, path, dtype)
+
+    def load_weights(self, path: Path) -> None:
+        self._io().load_weights(self.model, path)
+
+    def _io(self) -> TensorIO:
+        if self.io is None:
+            raise TypeError("the policy has no tensor I/O (gfcr.engine.Policy.io), so its "
+                            "weights cannot be written or read; its policy component must "
+                            "set one (stages.engines.torch_io.TORCH_IO for torch models)")
+        return self.io

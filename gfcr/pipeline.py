@@ -60,9 +60,10 @@ class Pipeline(Spec):
     evaluation: Evaluation = Evaluation()
     checkpoint: Checkpointing = Checkpointing()
     max_staleness: int = Field(0, ge=0)
-    """With a generate pool: the batches of the next ``max_staleness`` steps are generated
-    while a step trains, with weights up to that many versions old (gfcr.remote.ahead); 0
-    is synchronous. Stored in the spec only when set, so older specs keep their hash."""
+    """The round-0 batches of the next ``max_staleness`` steps are generated while a step
+    trains (in this process or on a generate pool), with weights up to that many
+    versions old and plans drawn that many steps early (gfcr.rounds); 0 is synchronous.
+    Stored in the spec only when set, so older specs keep their hash."""
 
     def __init__(self, **data: Any) -> None:
         collection = collect.active()

@@ -24,18 +24,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from gfcr import checkpoint, names, prefect_crash, resume, storage
+from gfcr import checkpoint, names, placement, prefect_crash, resume, rounds, storage
 from gfcr.cancel import RunCancelled, Stop, cancelled
-from gfcr.commits import BackgroundCommits, Start, pinned_history, recording
+from gfcr.commits import BackgroundCommits, Start
 from gfcr.executors import Call, Executor, PrefectExecutor, named
-from gfcr.remote import scoring
-from gfcr.remote.dispatch import for_run
-from gfcr.loop import Runtime, StepReport, evaluate, run_step
+from gfcr.loop import Runtime, StepReport, run_step
 from gfcr.pipeline import Pipeline
 from gfcr.progress import PrefectMilestones
 from gfcr.report.publish import end_of_run_page
-from gfcr.stage import TRAIN
-from gfcr.tokencheck import check_task
 from gfcr.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 
 DEFAULT_ROOT = Path(".gfcr")
@@ -180,13 +176,12 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
         _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
               store=store)
-        status, commits, error = "failed", BackgroundCommits(start), None
+        status, commits, error, rt = "failed", BackgroundCommits(start), None, None
         try:
             _emit(hooks, "on_phase", phase="building the policy and the task")
-            rt, policy = _build(pipeline, run_id, stash, store, commits)
             warn = lambda m: _emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
-            rt.remote = for_run(pools[0], rt, run_id, root, policy, warn)
-            rt.scoring = scoring.for_run(pools[1], rt, run_id, root, warn)
+            rt, policy = placement.build(pipeline, run_id, root, stash, store, commits, pools,
+                                         warn)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
                                   commits, stop), started, resumed)
             status = "finished"
@@ -205,6 +200,8 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
             try:
                 commits.wait()  # a commit in flight finishes, whatever else failed
             finally:
+                if rt is not None:
+                    rt.services.close()
                 store.finish_run(run_id, status, error)
                 if status != "finished":
                     _emit(hooks, "on_end", summary=None, status=status)
@@ -232,9 +229,9 @@ class _Run:
         ev, rt, name = self.pipeline.evaluation, self.rt, f"evaluate[{label}]"
         heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
         _emit(self.hooks, "on_phase", phase=name)
-        result = self.call(name, lambda: evaluate(rt.task, rt.engine, heldout,
-                                                  max_tokens=ev.max_tokens,
-                                                  progress=self.progress(name)))
+        result = self.call(name, lambda: rt.services.generator.evaluate(
+            rt.task, heldout, handle=rt.services.learner.handle(), max_tokens=ev.max_tokens,
+            progress=self.progress(name)))
         for message, count in result["errors"]:
             _emit(self.hooks, "on_warning", count=count,
                   message=f"{name}: the task's scorer raised (scored as wrong): {message}")
@@ -257,8 +254,11 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
     if ckpt is None:
         progress = _start(run)
     else:
-        progress = checkpoint.restore(ckpt, policy=run.policy, learner=run.rt.learner,
-                                      engine=run.rt.engine)
+        services = run.rt.services
+        progress = checkpoint.restore(ckpt, policy=run.policy, learner=services.learner,
+                                      engine=services.generator)
+        services.generator.load(services.learner.handle())
+        rounds.resume_ahead(run.rt, run.run_id, checkpoint.ahead(ckpt))
         _emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
     last = store.last_step(run.run_id) if resumed else None
     first = 0 if ckpt is None else ckpt.step + 1
@@ -296,7 +296,7 @@ def _start(run: _Run) -> dict[str, Any]:
         progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
             run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
             progress=run.progress("warmstart"))))
-        run.rt.engine.update_weights()
+        run.rt.services.generator.load(run.rt.services.learner.publish())
     progress["accuracy_start"] = run.evaluate_at("step=0", 0)
     return progress
 
@@ -305,8 +305,8 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     """One step, then a checkpoint when one is due. A replayed step (committed before a
     resume) runs without committing and is checked against the store instead."""
     p, ev = run.pipeline, run.pipeline.evaluation
-    report: StepReport = run_step(replace(run.rt, commit=None) if replayed else run.rt,
-                                  run.run_id, step, run.call)
+    rt = replace(run.rt, record=run.rt.record.replaying()) if replayed else run.rt
+    report: StepReport = run_step(rt, run.run_id, step, run.call)
     if replayed and report.rollouts is not None:
         table = run.rt.stash.get(report.rollouts)
         report.metrics["resume/replay_mismatch"] = float(
@@ -332,13 +332,15 @@ def _checkpoint_due(p: Pipeline, step: int) -> bool:
 
 
 def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
-    """The checkpoint after ``step``, once the step's commit is done (gfcr.resume)."""
-    p = run.pipeline
+    """The checkpoint after ``step``, once the step's commit is done (gfcr.resume), with
+    the batches generated ahead of it (gfcr.rounds)."""
+    p, services = run.pipeline, run.rt.services
     run.commits.wait()
     return Path(run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
         checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
-        spec_hash=p.spec_hash(), policy=run.policy, learner=run.rt.learner,
-        engine=run.rt.engine, progress=progress, keep=p.checkpoint.keep).path)))
+        spec_hash=p.spec_hash(), policy=run.policy, learner=services.learner,
+        engine=services.generator, progress=progress, keep=p.checkpoint.keep,
+        ahead=rounds.in_flight(run.rt)).path)))
 
 
 def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: bool) -> None:
@@ -352,21 +354,6 @@ def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: boo
     elif last is not None:
         path = _checkpoint(run, last, progress)
     raise cancelled(run.run_id, last_step=last, checkpoint=path, reason=run.stop.reason)
-
-
-def _build(pipeline: Pipeline, run_id: str, stash: Any, store: Any,
-           commits: BackgroundCommits) -> tuple[Runtime, Any]:
-    """Policy, engine and learner: built once, kept for the whole run."""
-    policy = pipeline.policy.build(seed=pipeline.seed)
-    check_task(pipeline.task, policy.tokenizer, policy.remedy)  # before any work, once
-    engine = pipeline.engine.build(policy, seed=pipeline.seed)
-    trainers = TRAIN.of(pipeline.stages)
-    learner = trainers[0].learner(policy, seed=pipeline.seed) if trainers else None
-    snapshots: dict[int, int] = {}
-    rt = Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                 stash=stash, commit=recording(store.commit_step, snapshots),
-                 history=pinned_history(store, run_id, snapshots, commits), background=commits)
-    return rt, policy
 
 
 def _reason(exc: BaseException) -> str:

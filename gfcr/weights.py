@@ -76,15 +76,15 @@ class WeightStore:
     def path(self, version: int) -> Path:
         return self.where / f"v{version:06d}"
 
-    def publish(self, model: Any, version: int, run_id: str = "") -> Published:
-        """Write ``model``'s weights as ``version`` atomically, then prune (:meth:`prune`).
-        Publishing a version already there replaces it (the same weights again after a
-        resume)."""
+    def publish(self, handle: Any, version: int, run_id: str = "") -> Published:
+        """Write the weights of ``handle`` (a gfcr.services.WeightHandle: the learner's)
+        as ``version`` atomically, then prune (:meth:`prune`). Publishing a version
+        already there replaces it (the same weights again after a resume)."""
         self.where.mkdir(parents=True, exist_ok=True)
         tmp = self.where / f".tmp-v{version:06d}-{os.getpid()}-{secrets.token_hex(3)}"
         tmp.mkdir()
         try:
-            self.io.save_weights(model, tmp / WEIGHTS)
+            handle.save(tmp / WEIGHTS)
             ident = secrets.token_hex(8)
             manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS], "id": ident,
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -162,3 +162,29 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class FileSync:
+    """The weight sync across hosts (gfcr.services.WeightSync): each version published
+    once to ``store``, written in the engine's ``dtype`` (None: the learner's), which a
+    worker loads by the version its call names."""
+
+    def __init__(self, store: WeightStore, run_id: str, dtype: str | None = None) -> None:
+        self.store, self.run_id, self.dtype = store, run_id, dtype
+        self.published: int | None = None
+
+    def send(self, handle: Any) -> None:
+        if self.published != handle.version:
+            self.store.publish(_Cast(handle, self.dtype), handle.version, self.run_id)
+            self.published = handle.version
+
+
+@dataclass(frozen=True)
+class _Cast:
+    """``handle`` written in ``dtype``."""
+
+    handle: Any
+    dtype: str | None
+
+    def save(self, path: Path) -> None:
+        self.handle.save(path, self.dtype)

@@ -1,13 +1,14 @@
 """The run side of engine workers: a run's generate stage sent to a pool.
 
-:class:`RemoteGenerate` stands in the loop's runtime (``Runtime.remote``): for each
-generate call of a step it publishes the policy's current weights when that version is
+:class:`RemoteGenerate` is the run's generator (gfcr.services.Generator): for each
+generate call it publishes the learner's newest weights handle when that version is
 not yet published (:mod:`gfcr.weights`), writes the plan as Parquet in the run's staging
 folder, submits one task run with ``.delay()`` (one per step's batch, never one per
 rollout) and waits for it, bounded (:class:`gfcr.remote.pool.PoolCalls`, which the
 score calls share: one deadline per call, a capped number of re-sendings, a call lost in
 Prefect's queue sent again, superseded attempts withdrawn). A finished call's files are
-removed as soon as its output is read; a batch sent ahead and dropped is withdrawn.
+removed as soon as its output is read. The loop draws each plan once (gfcr.rounds), so
+no batch sent ahead is ever drawn again and dropped.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 
-from gfcr.remote.ahead import STEP_VERSION, plan_ahead, staleness, version_sent
+from gfcr.capabilities import WeightsDtype
 from gfcr.remote.call import GenerateCall, code_hash, history_at, spec_hash
 from gfcr.remote.pool import GeneratePool, LostCall, NoEngineWorker, PoolCalls, _Sent
 from gfcr.remote.worker import pool_task
-from gfcr.weights import MissingVersion, WeightStore, directory
+from gfcr.rounds import staleness
+from gfcr.services import WeightHandle
+from gfcr.weights import FileSync, WeightStore, directory
 
 __all__ = ["GeneratePool", "LostCall", "NoEngineWorker", "PoolCalls", "RemoteGenerate",
            "for_run"]
@@ -32,128 +36,102 @@ __all__ = ["GeneratePool", "LostCall", "NoEngineWorker", "PoolCalls", "RemoteGen
 log = logging.getLogger("gfcr.remote")
 
 
-def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path, policy: Any,
-            notify: Callable[[str], None]) -> "RemoteGenerate | None":
-    """The generate stage of ``run_id`` (runtime ``rt``) on ``pool`` (a name: the
-    default timeouts); None without a pool, where ``max_staleness`` must be 0."""
+def for_run(pool: GeneratePool | str | None, pipeline: Any, run_id: str, root: Path,
+            local: Any, notify: Callable[[str], None]) -> "RemoteGenerate | None":
+    """The generator of ``run_id`` on ``pool`` (a name: the default timeouts), with the
+    run's own generator ``local`` for evaluation; None without a pool."""
     if pool is None:
-        if rt.pipeline.max_staleness:
-            raise ValueError(f"pipeline {rt.pipeline.name!r}: max_staleness="
-                             f"{rt.pipeline.max_staleness} needs a generate pool (gfcr run "
-                             "--generate-pool POOL): steps overlap only on engine workers")
         return None
     placement = GeneratePool(pool=pool) if isinstance(pool, str) else pool
-    return RemoteGenerate(placement, rt=rt, run_id=run_id, root=root, policy=policy,
-                          notify=notify)
+    return RemoteGenerate(placement, pipeline=pipeline, run_id=run_id, root=root,
+                          local=local, notify=notify)
 
 
 class RemoteGenerate:
     """Sends one run's generate calls to ``placement.pool`` (see the module docstring);
-    with ``max_staleness = k > 0`` also the batches of the next k steps (gfcr.remote.ahead)."""
+    each call returns at once, so the loop can keep batches of later steps in flight
+    (gfcr.rounds). Evaluation and the in-process engine's sleep stay with ``local``."""
 
-    def __init__(self, placement: GeneratePool, *, rt: Any, run_id: str, root: Path,
-                 policy: Any, notify: Callable[[str], None] | None = None) -> None:
+    def __init__(self, placement: GeneratePool, *, pipeline: Any, run_id: str, root: Path,
+                 local: Any, notify: Callable[[str], None] | None = None) -> None:
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
             raise RuntimeError(f"generate pool {placement.pool!r} needs a Prefect API server "
                                "that engine workers reach too: set PREFECT_API_URL")
-        self.placement, self.run_id, self.rt = placement, run_id, rt
-        self.pipeline = rt.pipeline
-        self.policy = policy  # the learner's live policy, whose weights are published
+        self.placement, self.run_id, self.pipeline = placement, run_id, pipeline
+        self.local = local  # the run's own engine: evaluates, and sleeps while training
+        self.handle: WeightHandle | None = None  # None: the weights the run started with
         keep = max(placement.keep, self.pipeline.max_staleness + 2)
-        self.weights = WeightStore(directory(root, run_id), policy.io, keep=keep)
+        self.weights = WeightStore(directory(root, run_id), local.policy.io, keep=keep)
+        spec = pipeline.engine
+        self.sync = FileSync(self.weights, run_id,
+                             spec.weights_dtype if isinstance(spec, WeightsDtype) else None)
         self.staging = Path(root).resolve() / "staging" / run_id / "remote"
-        self.published: int | None = None
         self.publish_s = 0.0  # publishing weights since the last step's metrics
         self.notify = notify or log.warning
         self.calls = PoolCalls(placement, pool_task, self.notify)
-        self.ahead: dict[int, _Sent] = {}
         self.reports: list[dict[str, Any]] = []
         """What each finished call's worker reported, with the call's name and wall time."""
 
-    def generate(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any],
-                 engine: Any) -> pa.Table:
-        """The rollouts of ``gen`` on ``plan``, generated by a worker of the pool (sent
-        ahead by an earlier step when its plan is this one)."""
-        sent = self.ahead.pop(ctx.step, None) if ctx.round == 0 else None
-        if sent is not None and not sent.plan.equals(plan):
-            self.notify(f"{sent.call.name}: the plan drawn ahead differs from the step's "
-                        "(a stage read newer history); generating it again")
-            self._drop(sent)
-            sent = None
-        if sent is None:
-            version = version_sent(self.rt, self.run_id, ctx.step, ctx.step) \
-                if ctx.round == 0 else None
-            sent = self._send(ctx, gen, plan, hooks, engine, version)
-        if ctx.round == 0:
-            self._send_ahead(ctx.step, gen, hooks, engine)
-        report, table = self.calls.collect(sent)
-        report.update(name=sent.call.name, step=ctx.step, delay_s=sent.delay_s,
-                      wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
-        self.reports.append(report)
-        return table
+    @property
+    def version(self) -> int:
+        return self.local.version if self.handle is None else self.handle.version
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(self.local.capabilities)
+
+    def submit(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any]) -> "_Waiting":
+        """Send ``gen`` on ``plan`` to the pool with the weights loaded last; the call's
+        rollouts once a worker has generated them."""
+        from gfcr.remote.call import write_parquet
+
+        started = time.perf_counter()
+        call = self._call(ctx, gen, hooks)
+        write_parquet(call.plan, plan)
+        # with steps in flight a call may wait for its step: it carries no expiry then
+        ahead = self.pipeline.max_staleness > 0
+        return _Waiting(self, ctx.step, self.calls.send(call, plan, started, ahead=ahead))
+
+    def load(self, handle: WeightHandle) -> None:
+        """Calls sent from now on generate with ``handle``'s weights, published on the
+        next send (here, on the loop's thread, before the learner updates again)."""
+        self.handle = handle
+
+    def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
+                 max_tokens: int, progress: Callable[[int, int], None] | None
+                 ) -> dict[str, Any]:
+        return dict(self.local.evaluate(task, prompts, handle=handle, max_tokens=max_tokens,
+                                        progress=progress))
+
+    def asleep(self) -> Any:
+        return self.local.asleep()
+
+    def get_rng_state(self) -> object:
+        return self.local.get_rng_state()
+
+    def set_rng_state(self, state: object) -> None:
+        self.local.set_rng_state(state)
+
+    def close(self) -> None:
+        self.local.close()
 
     def step_metrics(self, ctx: Any, rollouts: pa.Table) -> dict[str, float]:
         """The step's staleness (versions behind the step's) and its calls' times."""
         mine = [r for r in self.reports if r["step"] == ctx.step]
         metrics = staleness(rollouts, ctx.policy_version)
-        metrics[STEP_VERSION] = float(ctx.policy_version)
         for key in ("worker_s", "wall_s", "delay_s", "load_s"):
             metrics[f"remote/{key}"] = sum(r[key] for r in mine)
         metrics["remote/publish_s"], self.publish_s = self.publish_s, 0.0
         return metrics
 
-    def _send_ahead(self, step: int, gen: Any, hooks: list[Any], engine: Any) -> None:
-        last = min(step + self.pipeline.max_staleness, self.pipeline.steps - 1)
-        for later in range(step + 1, last + 1):
-            if later not in self.ahead:
-                ctx, plan = plan_ahead(self.rt, self.run_id, later, step)
-                version = version_sent(self.rt, self.run_id, later, step)
-                self.ahead[later] = self._send(ctx, gen, plan, hooks, engine, version,
-                                               ahead=True)
-
-    def _send(self, ctx: Any, gen: Any, plan: pa.Table, hooks: list[Any], engine: Any,
-              version: int | None = None, ahead: bool = False) -> _Sent:
-        """Send ``plan`` to the pool, generated with ``version`` (None: the current one;
-        an older one when a resumed run sends again what was in flight, see ahead.py)."""
-        from gfcr.remote.call import write_parquet
-
-        started = time.perf_counter()
-        call = self._call(ctx, gen, hooks, engine, self._published(version))
-        write_parquet(call.plan, plan)
-        return self.calls.send(call, plan, started, ahead=ahead)
-
-    def _drop(self, sent: _Sent) -> None:
-        """Forget a call sent ahead: withdraw it (a worker that takes it, or runs it
-        already, writes nothing), remove its plan, delete its task run if queued."""
-        from prefect import get_client
-
-        with get_client(sync_client=True) as client:
-            self.calls.withdraw(client, sent.call, sent.future)
-        Path(sent.call.plan).unlink(missing_ok=True)
-
-    def _published(self, version: int | None) -> int | None:
-        """``version`` when its weights are still published here, else None (with a
-        warning: the batch is then generated with the current weights)."""
-        if version is None:
-            return None
-        try:
-            self.weights.get(version)
-        except MissingVersion as exc:
-            self.notify(f"resuming with batches in flight: {exc}; generating them with "
-                        "the current weights instead")
-            return None
-        return version
-
-    def _call(self, ctx: Any, gen: Any, hooks: list[Any], engine: Any,
-              older: int | None = None) -> GenerateCall:
-        version = int(engine.version) if older is None else older
-        if older is None and self.published != version:
-            publishing = time.perf_counter()
-            self.weights.publish(self.policy.model, version, self.run_id)
-            self.publish_s += time.perf_counter() - publishing
-            self.published = version
+    def _call(self, ctx: Any, gen: Any, hooks: list[Any]) -> GenerateCall:
+        if self.handle is None:
+            raise RuntimeError("the generator was sent a call before any weights")
+        version, publishing = self.handle.version, time.perf_counter()
+        self.sync.send(self.handle)  # once per version
+        self.publish_s += time.perf_counter() - publishing
         dumps = dict(stage=gen.model_dump(mode="json"),
                      hooks=tuple(h.model_dump(mode="json") for h in hooks),
                      policy=self.pipeline.policy.model_dump(mode="json"),
@@ -167,3 +145,21 @@ class RemoteGenerate:
                             out=str(self.staging / f"{stem}-rollouts.parquet"),
                             code_hash=code_hash(), spec_hash=spec_hash(**dumps),
                             **history_at(ctx), **dumps)
+
+
+@dataclass
+class _Waiting:
+    """A generate call sent to the pool (gfcr.services.Pending): its rollouts, waited
+    for once."""
+
+    owner: RemoteGenerate
+    step: int
+    sent: _Sent
+
+    def result(self) -> pa.Table:
+        sent = self.sent
+        report, table = self.owner.calls.collect(sent)
+        report.update(name=sent.call.name, step=self.step, delay_s=sent.delay_s,
+                      wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
+        self.owner.reports.append(report)
+        return table

@@ -1,8 +1,8 @@
 """The run side of scoring on engine workers: a run's scoring filter stages sent to a pool.
 
 A filter stage scores when it writes the ``reward`` column (its column contract,
-``writes``), whatever its class: Verify and any other scorer. :class:`RemoteScore` stands
-in the loop's runtime (``Runtime.scoring``): for such a stage it writes the step's complete
+``writes``), whatever its class: Verify and any other scorer. :class:`RemoteScore` is the
+run's scorer (gfcr.services.Scorer): for such a stage it writes the step's complete
 rollouts as Parquet in the run's staging folder, submits one :class:`ScoreCall` to the
 pool's score task (``gfcr_score__<pool>``, served by ``gfcr engine-worker``) and waits for
 it with the generate calls' bounded wait and heartbeat re-send
@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from gfcr.filters import applied
 from gfcr.remote.call import ScoreCall, code_hash, history_at, spec_hash, write_parquet
 from gfcr.remote.pool import GeneratePool, PoolCalls
 from gfcr.remote.worker import score_task
@@ -32,14 +33,14 @@ def scores(stage: Any) -> bool:
     return stage.kind == "filter" and col.REWARD in stage.writes
 
 
-def for_run(pool: GeneratePool | str | None, rt: Any, run_id: str, root: Path,
+def for_run(pool: GeneratePool | str | None, pipeline: Any, run_id: str, root: Path,
             notify: Callable[[str], None]) -> "RemoteScore | None":
-    """The scoring stages of ``run_id`` on ``pool`` (a name: the default timeouts); None
+    """The scorer of ``run_id`` on ``pool`` (a name: the default timeouts); None
     without a pool."""
     if pool is None:
         return None
     placement = GeneratePool(pool=pool) if isinstance(pool, str) else pool
-    return RemoteScore(placement, pipeline=rt.pipeline, run_id=run_id, root=root,
+    return RemoteScore(placement, pipeline=pipeline, run_id=run_id, root=root,
                        notify=notify)
 
 
@@ -58,12 +59,11 @@ class RemoteScore:
         self.calls = PoolCalls(placement, score_task, notify)
         self.reports: list[dict[str, Any]] = []
 
-    def score(self, ctx: Any, stage: Any, rows: pa.Table) -> pa.Table | None:
+    def score(self, ctx: Any, stage: Any, rows: pa.Table) -> pa.Table:
         """``stage``'s result on ``rows`` (its drops marked), from a worker of the pool;
-        None when ``stage`` does not score or there is nothing to score (the loop then
-        runs it in-process)."""
+        run here when ``stage`` does not score or there is nothing to score."""
         if not scores(stage) or rows.num_rows == 0:
-            return None
+            return applied(stage.apply(ctx, rows), stage.label)
         started = time.perf_counter()
         call = self._call(ctx, stage)
         write_parquet(call.rows, rows)

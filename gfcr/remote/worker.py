@@ -70,7 +70,7 @@ class _Loaded:
         published = weights.get(call.policy_version)
         if self.version == (call.policy_version, published.ident):
             return False
-        weights.load(self.policy.model, call.policy_version)
+        self.policy.load_weights(published.weights)
         self.engine.update_weights()  # an engine with its own copy refreshes it
         self.policy.version = call.policy_version
         self.version = (call.policy_version, published.ident)
@@ -159,7 +159,7 @@ def _beating(path: str) -> Iterator[None]:
 
 def run_call(call: GenerateCall) -> dict[str, Any]:
     """Run one call on this worker; what it reports (output path, rows, worker, times)."""
-    from gfcr.loop import SegmentHooks
+    from gfcr.inprocess import SegmentHooks
     from gfcr.stage import StepContext
 
     started = time.perf_counter()

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import torch
 
 from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 
 
@@ -47,6 +48,12 @@ class VLLMEngine:
 
     def decode(self, ids: list[int]) -> str:
         return self._policy.tokenizer.decode(ids)
+
+    def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
+                        temperature: float) -> list[float]:
+        """Teacher-forced logprobs of ``ids`` at this engine's weights (the
+        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`)."""
+        return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
 
     def get_rng_state(self) -> torch.Tensor:
         """torch's CPU generator state used for calls without ``SamplingParams.seed``."""

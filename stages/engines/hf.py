@@ -44,6 +44,7 @@ from transformers import DynamicCache
 
 from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
 from gfcr.stage import Spec, register
+from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 from stages.logprobs import completion_logprobs, log_probs
 
@@ -191,6 +192,12 @@ class HFEngine:
 
     def decode(self, ids: list[int]) -> str:
         return self._policy.tokenizer.decode(ids)
+
+    def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
+                        temperature: float) -> list[float]:
+        """Teacher-forced logprobs of ``ids`` at this engine's weights (the
+        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`)."""
+        return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
 
     def get_rng_state(self) -> torch.Tensor:
         """State of the sampling generator used when ``SamplingParams.seed`` is None;

@@ -16,10 +16,19 @@ from typing import Any
 class TorchIO:
     """Writes and reads a torch policy's checkpoint files (stateless: one is shared)."""
 
-    def save_weights(self, model: Any, path: Path) -> None:
-        from safetensors.torch import save_model
+    def save_weights(self, model: Any, path: Path, dtype: str | None = None) -> None:
+        """The model's weights; cast to ``dtype`` when it is not theirs (an engine's
+        dtype: the file a worker loads is then no larger than what it computes with)."""
+        import torch
+        from safetensors.torch import save_file, save_model
 
-        save_model(model, str(path))
+        # getattr: a torch dtype by its config name ("bfloat16")
+        want = None if dtype is None else getattr(torch, dtype)
+        state = model.state_dict()
+        if want is None or all(t.dtype == want for t in state.values()):
+            save_model(model, str(path))
+            return
+        save_file({k: t.detach().to(want).contiguous() for k, t in state.items()}, str(path))
 
     def load_weights(self, model: Any, path: Path) -> None:
         from safetensors.torch import load_model

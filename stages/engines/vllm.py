@@ -73,6 +73,12 @@ class VLLM(Spec):
     type: Literal["vllm"] = "vllm"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """vLLM's compute dtype; float32 matches the trainer's logprobs to ~1e-6."""
+
+    @property
+    def weights_dtype(self) -> str:
+        """vLLM holds its weights in its compute dtype, so published versions are
+        written in it (gfcr.weights.FileSync)."""
+        return self.dtype
     max_model_len: int | None = Field(None, ge=2)
     """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)

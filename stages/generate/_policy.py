@@ -8,9 +8,9 @@
 - :func:`forced_logprobs` (hints): the behaviour logprobs of tokens the policy did not
   sample but is made to continue from. No top-k list holds them (a hint token need not be
   among the most likely), and vLLM's prompt logprobs are taken before temperature, so
-  they come from the one teacher-forced pass (:mod:`stages.logprobs`) on
-  ``engine.policy.model`` (the ``teacher_forcing`` capability) under the engine's
-  convention, ``log_softmax(logits / T)``.
+  they come from the engine's teacher-forced pass at the weights it generates with
+  (the ``teacher_forcing`` capability, :mod:`stages.engines.teacher`), under the
+  engine's convention, ``log_softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gfcr.capabilities import TeacherForcing
 from gfcr.engine import GenOutput
 
 
@@ -58,39 +59,11 @@ def branch_points(outputs: list[GenOutput], starts: list[int], *, min_prob: floa
     return out
 
 
-def _pad_id(engine: Any) -> int:
-    # getattr: tokenizers without a pad token pad with 0
-    return int(getattr(engine.policy.tokenizer, "pad_token_id", 0) or 0)
-
-
-def _model(engine: Any) -> Any:
-    # getattr: teacher-forced passes need the in-process policy (the engine capability
-    # teacher_forcing, checked when the pipeline is built)
-    policy = getattr(engine, "policy", None)
-    # getattr: (same: the policy must hold a model)
-    if policy is None or not hasattr(policy, "model"):
-        raise TypeError(f"hints need an engine that exposes its policy (HF and vLLM "
-                        f"do); {type(engine).__name__} does not")
-    return policy.model
-
-
 def forced_logprobs(engine: Any, prompt_ids: list[int], ids: list[int],
                     temperature: float) -> list[float]:
     """``log_softmax(logits / T)`` of each of ``ids`` after ``prompt_ids`` (raw logits
     when ``T == 0``): what the engine would have recorded had it sampled them."""
-    import torch
-
-    from stages.logprobs import completion_logprobs
-
-    if not ids:
-        return []
-    model = _model(engine)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            logprobs, _ = completion_logprobs(model, [prompt_ids], [ids], temperature,
-                                              _pad_id(engine))
-            return logprobs[0, :len(ids)].tolist()
-    finally:
-        model.train(was_training)
+    if not isinstance(engine, TeacherForcing):
+        raise TypeError(f"hints need an engine with teacher forcing (HF and vLLM have it); "
+                        f"{type(engine).__name__} has no forced_logprobs")
+    return list(engine.forced_logprobs(prompt_ids, ids, temperature))

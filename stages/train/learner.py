@@ -15,7 +15,7 @@ so the accumulated gradient is the full-batch gradient.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,8 @@ from gfcr.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy
 from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
+from stages.train import work as work_rows
+from stages.train.work import Work
 from stages.train.batching import pack, padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
@@ -64,27 +66,10 @@ class LearnerOptions:
     tis_cap: float | None
     token_selector: str = "d3s"
 
-@dataclass
-class _Work:
-    """The rows one update trains on, aligned lists (one entry per row)."""
-
-    prompts: list[list[int]] = field(default_factory=list)
-    completions: list[list[int]] = field(default_factory=list)
-    adv: list[float] = field(default_factory=list)
-    masks: list[np.ndarray] = field(default_factory=list)
-    """Loss masks (forced tokens out, the token selector applied)."""
-    old: list[np.ndarray] = field(default_factory=list)
-    """Logprobs the ratio is taken against: behaviour, or proximal for off-policy rows."""
-    weights: list[np.ndarray] | None = None
-    """Truncated IS weights (ones on on-policy rows); None when no row is off-policy."""
-    ref: list[np.ndarray] | None = None
-    """Reference-model logprobs, when ``kl_coef > 0``."""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 class GRPOLearner:
-    """Applies :class:`GRPO` updates to a policy shared with the engine. It never touches
-    the engine: the loop calls ``engine.update_weights()`` after each update."""
+    """Applies :class:`GRPO` updates to the run's policy, which it updates in place. It
+    never touches the engine: the learner service (gfcr.inprocess.LocalLearner) hands
+    the new weights out as a handle, which the generator loads."""
 
     def __init__(self, spec: LearnerOptions, policy: Policy, *, seed: int) -> None:
         self.spec, self.policy, self.seed = spec, policy, seed
@@ -101,7 +86,7 @@ class GRPOLearner:
 
     def update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
         """Advantages over the batch's groups, then ``epochs`` clipped-PG steps."""
-        rewards = _rewards(batch, self.spec.label)
+        rewards = work_rows.rewards(batch, self.spec.label)
         adv = self._advantages(batch, rewards)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
                    "adv_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0}
@@ -126,18 +111,18 @@ class GRPOLearner:
         """The loss of ``batch`` at the current weights with its gradient left in the
         parameters' ``.grad`` (accumulated over micro-batches); no optimizer step. For
         diagnostics and tests."""
-        adv = self._advantages(batch, _rewards(batch, self.spec.label))
+        adv = self._advantages(batch, work_rows.rewards(batch, self.spec.label))
         work = self.prepare(ctx, batch, adv)
         self.optimizer.zero_grad(set_to_none=True)
         return self._accumulate(work)[0] if work.prompts else 0.0
 
-    def prepare(self, ctx: StepContext | None, batch: pa.Table, adv: np.ndarray) -> _Work:
+    def prepare(self, ctx: StepContext | None, batch: pa.Table, adv: np.ndarray) -> Work:
         """The rows to train on with their loss masks, "old" logprobs, IS weights and
         reference logprobs (no-grad forward passes at the current weights where needed)."""
         spec, label = self.spec, self.spec.label
         self.policy.model.train()
         carries = spec.kl_coef > 0 or spec.entropy_coef > 0  # every row has a gradient
-        rows, prompts, completions, behaviour = _active_rows(batch, adv, label, carries)
+        rows, prompts, completions, behaviour = work_rows.active_rows(batch, adv, label, carries)
         hint = loss_masks.hint_masks(batch, rows, [len(c) for c in completions], stage=label)
         keep = [i for i, m in enumerate(hint) if m.any()]
         rows, prompts, completions = ([rows[i] for i in keep], [prompts[i] for i in keep],
@@ -154,7 +139,7 @@ class GRPOLearner:
         row_adv = [float(adv[i]) for i in rows]
         masks = (loss_masks.selected_masks(hint, row_adv, entropy, ratio, spec.token_selector)
                  if use_entropy else hint)
-        work = _Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
+        work = Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
                      old=[prox[i] if use_prox and off[i] else behaviour[i]
                           for i in range(len(rows))])
         if use_prox:
@@ -166,7 +151,7 @@ class GRPOLearner:
                         **offpolicy.metrics(off, stale, work.weights or
                                             [np.ones(len(m)) for m in masks], masks,
                                             spec.tis_cap)}
-        _drop_empty(work)
+        work_rows.drop_empty(work)
         if spec.kl_coef > 0 and work.prompts:
             work.ref = self._reference_logprobs(work)
         return work
@@ -194,7 +179,7 @@ class GRPOLearner:
                                      f"components on every row: {err}") from None
         return np.asarray(estimator(rewards, groups, components), dtype=np.float64)
 
-    def _epoch(self, work: _Work) -> dict[str, float]:
+    def _epoch(self, work: Work) -> dict[str, float]:
         """One optimizer step, gradients accumulated over micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
         total, stats = self._accumulate(work)
@@ -203,10 +188,11 @@ class GRPOLearner:
         self.optimizer.step()
         return {"loss": total, "grad_norm": float(grad_norm), **stats}
 
-    def _accumulate(self, work: _Work) -> tuple[float, dict[str, float]]:
+    def _accumulate(self, work: Work) -> tuple[float, dict[str, float]]:
         """Backward of every micro-batch; the loss and token-weighted statistics."""
         spec, device = self.spec, self.device
-        denominator, norm = _denominator(work, spec.aggregation), _norm(work, spec)
+        denominator = work_rows.denominator(work, spec.aggregation)
+        norm = work_rows.norm(work, spec.aggregation, spec.norm_tokens)
         total, n_all = 0.0, 0.0
         weighted: dict[str, float] = {}
         for part in self._micro_batches(work):
@@ -230,14 +216,14 @@ class GRPOLearner:
                 weighted[key] = weighted.get(key, 0.0) + value * n
         return total, {k: v / max(n_all, 1.0) for k, v in weighted.items()}
 
-    def _micro_batches(self, work: _Work, subset: list[int] | None = None) -> list[list[int]]:
+    def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
         idx = list(range(len(work.prompts))) if subset is None else subset
         lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in idx]
         runs = pack(lengths, max_rows=self.spec.micro_batch,
                     max_tokens=self.spec.micro_batch_tokens)
         return [[idx[j] for j in run] for run in runs]
 
-    def _forward(self, work: _Work, part: list[int], *, grad: bool,
+    def _forward(self, work: Work, part: list[int], *, grad: bool,
                  entropy: bool | None = None, model: Any = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(logprobs, mask, entropy or None) of the rows ``part``."""
@@ -250,12 +236,29 @@ class GRPOLearner:
                 return sequence_logprobs_entropy(*args, entropy=token_entropy)
             return (*sequence_logprobs(*args), None)
 
+    def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
+                 temperature: float) -> list[list[float]]:
+        """Teacher-forced ``log_softmax(logits / T)`` of each completion token at the
+        current weights (gfcr.services.Learner.logprobs)."""
+        work = Work(prompts=prompts, completions=completions)
+        out: list[list[float]] = [[] for _ in prompts]
+        rows = [i for i, c in enumerate(completions) if c]
+        with torch.set_grad_enabled(False):
+            for part in self._micro_batches(work, rows) if rows else []:
+                args = (self.policy.model, [prompts[i] for i in part],
+                        [completions[i] for i in part], temperature,
+                        self.policy.tokenizer.pad_token_id)
+                lp, _ = sequence_logprobs(*args)
+                for j, i in enumerate(part):
+                    out[i] = lp[j, :len(completions[i])].float().cpu().tolist()
+        return out
+
     def _no_grad_pass(self, prompts: list[list[int]], completions: list[list[int]],
                       rows: list[int], entropy: bool
                       ) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
         """Proximal logprobs (current weights, before the update) of ``rows`` and, when
         ``entropy``, every row's token entropies."""
-        work = _Work(prompts=prompts, completions=completions)
+        work = Work(prompts=prompts, completions=completions)
         prox: dict[int, np.ndarray] = {}
         ent: list[np.ndarray] = [np.zeros(len(c)) for c in completions]
         for part in self._micro_batches(work, rows) if rows else []:
@@ -267,7 +270,7 @@ class GRPOLearner:
                     ent[i] = h[j, :n].float().cpu().numpy()
         return prox, ent
 
-    def _is_weights(self, work: _Work, behaviour: list[np.ndarray],
+    def _is_weights(self, work: Work, behaviour: list[np.ndarray],
                     off: np.ndarray) -> list[np.ndarray]:
         """Truncated IS weights per row: min(pi_prox / pi_behav, cap) on off-policy rows,
         exactly 1 on the others."""
@@ -285,7 +288,7 @@ class GRPOLearner:
             out[i] = weights[j, :len(work.masks[i])].double().numpy()
         return out
 
-    def _reference_logprobs(self, work: _Work) -> list[np.ndarray]:
+    def _reference_logprobs(self, work: Work) -> list[np.ndarray]:
         """Logprobs of every row under the frozen reference (made at the first update)."""
         if self.reference is None:
             self.reference = _frozen_copy(self.policy.model)
@@ -319,63 +322,6 @@ class GRPOLearner:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _rewards(batch: pa.Table, label: str) -> np.ndarray:
-    column = batch.column(col.REWARD)
-    if column.null_count:
-        raise ValueError(f"{label}: {column.null_count} batch row(s) have a null "
-                         f"{col.REWARD!r}; a Filter must score every row the learner "
-                         "trains on")
-    return column.to_numpy(zero_copy_only=False).astype(np.float64)
-
-
-def _active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
-                 ) -> tuple[list[int], list[list[int]], list[list[int]], list[np.ndarray]]:
-    """(batch row, prompt ids, completion ids, behaviour logprobs) of rows with A != 0
-    (or, when ``every``, of all rows: a KL or entropy term gives A = 0 rows a gradient)
-    and at least one completion token."""
-    out: tuple[list, list, list, list] = ([], [], [], [])
-    prompts = batch.column(col.PROMPT_IDS).to_pylist()
-    completions = batch.column(col.COMPLETION_IDS).to_pylist()
-    logprobs = batch.column(col.LOGPROBS).to_pylist()
-    for i in (np.arange(len(adv)) if every else np.flatnonzero(adv != 0.0)):
-        if len(logprobs[i]) != len(completions[i]):
-            raise ValueError(f"{label}: batch row {int(i)!r} has {len(completions[i])!r} "
-                             f"completion ids but {len(logprobs[i])!r} logprobs")
-        if completions[i]:
-            for seq, value in zip(out, (int(i), prompts[i], completions[i],
-                                        np.asarray(logprobs[i], np.float32))):
-                seq.append(value)
-    return out
-
-
-def _drop_empty(work: _Work) -> None:
-    """Remove rows left without a loss token (a token selector may empty a row)."""
-    keep = [i for i, m in enumerate(work.masks) if m.any()]
-    if len(keep) == len(work.masks):
-        return
-    work.prompts = [work.prompts[i] for i in keep]
-    work.completions = [work.completions[i] for i in keep]
-    work.adv = [work.adv[i] for i in keep]
-    work.masks = [work.masks[i] for i in keep]
-    work.old = [work.old[i] for i in keep]
-    if work.weights is not None:
-        work.weights = [work.weights[i] for i in keep]
-
-
-def _denominator(work: _Work, aggregation: Aggregation) -> float:
-    """The whole batch's count: loss tokens (token_mean) or rows with a loss token."""
-    if aggregation == "token_mean":
-        return float(sum(int(m.sum()) for m in work.masks))
-    return float(sum(1 for m in work.masks if m.any()))
-
-
-def _norm(work: _Work, spec: LearnerOptions) -> int | None:
-    """The seq_mean_token_sum_norm constant: ``norm_tokens`` or the longest completion."""
-    if spec.aggregation != "seq_mean_token_sum_norm":
-        return None
-    return spec.norm_tokens or max(len(c) for c in work.completions)
 
 
 def _rows(values: list[np.ndarray] | None, part: list[int], width: int,

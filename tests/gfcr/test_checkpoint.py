@@ -11,6 +11,7 @@ import torch
 
 from gfcr import checkpoint
 from gfcr.checkpoint import CheckpointError
+from gfcr.inprocess import LocalLearner
 from stages import GRPO, HF, TinyLlama
 
 
@@ -34,7 +35,7 @@ def _train_a_little(policy, learner):
 
 def _save(where, policy, engine, learner, step, keep=2):
     return checkpoint.save(where, run_id="r", step=step, spec_hash="abc", policy=policy,
-                           learner=learner, engine=engine, progress={"history": [{"x": 1.0}]},
+                           learner=LocalLearner(policy, learner), engine=engine, progress={"history": [{"x": 1.0}]},
                            keep=keep)
 
 
@@ -50,7 +51,8 @@ def test_round_trip_restores_weights_learner_and_rngs(tmp_path):
 
     fresh, fresh_engine, fresh_learner = _live(seed=1)  # other weights, other generator
     progress = checkpoint.restore(checkpoint.latest(tmp_path), policy=fresh,
-                                  learner=fresh_learner, engine=fresh_engine)
+                                  learner=LocalLearner(fresh, fresh_learner),
+                                  engine=fresh_engine)
     assert progress == {"history": [{"x": 1.0}]}
     assert all(torch.equal(weights[k], v) for k, v in fresh.model.state_dict().items())
     assert torch.equal(fresh_learner.optimizer.state_dict()["state"][0]["exp_avg"], moments)
@@ -72,8 +74,8 @@ def test_a_write_killed_midway_is_ignored_and_replaced(tmp_path):
     (partial / "model.safetensors").write_bytes(b"half a file")
     (tmp_path / ".tmp-step-5-123-abcdef").mkdir()
     assert checkpoint.latest(tmp_path).step == 1
-    checkpoint.restore(checkpoint.latest(tmp_path), policy=policy, learner=learner,
-                       engine=engine)
+    checkpoint.restore(checkpoint.latest(tmp_path), policy=policy,
+                       learner=LocalLearner(policy, learner), engine=engine)
     _save(tmp_path, policy, engine, learner, step=3)
     assert checkpoint.latest(tmp_path).step == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1", "step-3"]
@@ -99,5 +101,5 @@ def test_a_pipeline_without_a_learner_cannot_load_one(tmp_path):
     policy, engine, learner = _live()
     _save(tmp_path, policy, engine, learner, step=0)
     with pytest.raises(CheckpointError, match="has no train stage"):
-        checkpoint.restore(checkpoint.latest(tmp_path), policy=policy, learner=None,
-                           engine=engine)
+        checkpoint.restore(checkpoint.latest(tmp_path), policy=policy,
+                           learner=LocalLearner(policy, None), engine=engine)

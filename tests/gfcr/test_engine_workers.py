@@ -18,7 +18,7 @@ import pytest
 from gfcr import execute
 from gfcr.remote.call import GenerateCall, Refused, code_hash
 from gfcr.remote.dispatch import GeneratePool, NoEngineWorker
-from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
+from stages import GRPO, SFT, VADE, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
 from tests.resources.digits import DigitAnswers, Digits
@@ -273,9 +273,29 @@ def test_an_async_run_with_k_1_learns_over_its_warm_start(
     assert set(_ran_on(names)) == names  # every batch was generated on a worker
 
 
-def test_async_steps_need_a_pool(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="max_staleness=1 needs a generate pool"):
-        execute(tiny_pipeline(steps=1, max_staleness=1), root=tmp_path, executor="local")
+def test_async_steps_with_a_history_reading_select_generate_each_batch_once(
+        tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
+    # D5: VADE reads the run's history, so a plan drawn again at step s differs from the
+    # one drawn at s - 1; the loop draws each plan once and uses it, so every step's batch
+    # is generated once, ahead, and never again synchronously with the old weights
+    warnings: list[str] = []
+    sent: dict[int, int] = {}
+    staging = tmp_path / "staging" / "d5" / "remote"
+
+    class Watch:
+        def on_warning(self, *, message: str, **_: Any) -> None:
+            warnings.append(message)
+
+        def on_step(self, *, step: int, **_: Any) -> None:
+            sent[step] = len(list(staging.glob(f"{step}-0-*-plan.parquet")))
+
+    pipeline = tiny_pipeline(task=Digits(), steps=3, max_staleness=1, stages=[
+        VADE(batch=4, rollouts=4), GroupSample(n=4, max_tokens=1), Verify(), GRPO(lr=1e-2)])
+    summary = execute(pipeline, root=tmp_path, executor="local", run_id="d5", hooks=[Watch()],
+                      generate_pool=GeneratePool(pool=POOL, timeout_s=240, warn_s=120))
+    assert not [w for w in warnings if "differs" in w], warnings
+    assert sent == {0: 1, 1: 1, 2: 1}  # each step's batch was sent once
+    assert [m["staleness/max"] for m in summary.history] == [0.0, 1.0, 1.0]
 
 
 def test_a_run_stopped_with_a_batch_in_flight_resumes_as_the_uninterrupted_run(

@@ -197,12 +197,13 @@ def test_the_workers_vllm_loads_each_version_in_place(
     # its rollouts those of a vLLM here on that version's weights
     import torch
 
-    from gfcr.loop import plan_defaults
+    from gfcr.rounds import plan_defaults
     from gfcr.remote.call import GenerateCall, code_hash, read_parquet, spec_hash, write_parquet
     from gfcr.remote.keys import load_key, sign
     from gfcr.remote.worker import pool_task
     from gfcr.rollout import PROMPT_SCHEMA
     from gfcr.stage import StepContext
+    from gfcr.inprocess import InProcessHandle
     from gfcr.weights import WeightStore, directory
     from stages.engines.hf import token_logprobs
 
@@ -218,7 +219,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
     staging.mkdir(parents=True)
     weights = WeightStore(directory(tmp_path, run_id), policies[0].io)
     for version, policy in enumerate(policies):
-        weights.publish(policy.model, version, "direct")
+        weights.publish(InProcessHandle(policy, version), version, "direct")
     ctx = StepContext(run_id="direct", step=0, seed=0, policy_version=0, task=pipeline.task)
     plan = plan_defaults(select.select(ctx, PROMPT_SCHEMA.empty_table()), gen)
     # prompts of 200+ tokens: vLLM's prefix cache holds whole blocks of 128 tokens, so the

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gfcr.capabilities import EngineSleep
+from gfcr.inprocess import local_services
 from gfcr.loop import run_step
 from stages import GRPO, GroupSample, UniformSampler, Verify
 from store import RolloutStore
@@ -83,10 +84,12 @@ def _runtime(tmp_path: Any, log: list[str], *, sleep_mode: bool, fail: bool = Fa
     # no dynamic sampling: every rollout of the random tiny policy reaches the learner
     stages = [UniformSampler(batch=4), GroupSample(n=4, max_tokens=6), Verify(), GRPO(lr=1e-3)]
     rt = runtime(tiny_pipeline(steps=1, stages=stages), store, "r")
-    engine = SleepRecorder(rt.engine, log, sleep_mode=sleep_mode)
+    local = rt.services.generator
+    engine = SleepRecorder(local.engine, log, sleep_mode=sleep_mode)
     assert isinstance(engine, EngineSleep)
-    return replace(rt, engine=engine, learner=LearnerRecorder(rt.learner, log, fail=fail)), \
-        engine, store
+    learner = LearnerRecorder(rt.services.learner.learner, log, fail=fail)
+    services = local_services(engine, local.policy, learner)
+    return replace(rt, services=services), engine, store
 
 
 def _step(tmp_path: Any, *, sleep_mode: bool) -> list[str]:

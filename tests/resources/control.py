@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from gfcr.engine import Policy
+from gfcr.inprocess import local_services
 from gfcr.loop import Runtime
+from gfcr.runtime import Record
 from gfcr.pipeline import Pipeline
 from gfcr.run import MemoryStash
 from stages import (GRPO, ActivePartialRollouts, GroupSample, RecyclePartials, UniformSampler,
@@ -49,8 +51,9 @@ def runtime(pipeline: Pipeline, store: Any, run_id: str, policy: Policy | None =
 
     def history(step: int) -> History:
         return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
-    return Runtime(pipeline=pipeline, task=pipeline.task, engine=engine, learner=learner,
-                   stash=MemoryStash(), commit=store.commit_step, history=history)
+    return Runtime(pipeline=pipeline, task=pipeline.task,
+                   services=local_services(engine, policy, learner), stash=MemoryStash(),
+                   record=Record(commit=store.commit_step, history_at=history))
 
 
 def local_call(name: str, fn: Any, *args: Any) -> Any:

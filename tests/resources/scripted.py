@@ -75,6 +75,13 @@ class ScriptedEngine:
     def decode(self, ids: list[int]) -> str:
         return self.policy.tokenizer.decode(ids)
 
+    def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
+                        temperature: float) -> list[float]:
+        """A teacher-forced pass over the script's module (``teacher_forcing``)."""
+        from stages.engines.teacher import forced_logprobs
+
+        return forced_logprobs(self.policy, prompt_ids, ids, temperature)
+
     def update_weights(self, state=None) -> int:
         """``state``: a new script (the scripted engine's weights), or None."""
         if state is not None:

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pytest
 
 from gfcr.engine import Flight, Inflight
-from gfcr.loop import SegmentHooks, plan_defaults
+from gfcr.inprocess import SegmentHooks
+from gfcr.rounds import plan_defaults
 from gfcr.pipeline import PipelineError
 from gfcr.rollout import col
 from stages import (ActivePartialRollouts, GroupSample, OnlinePrune, RecyclePartials,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gfcr.engine import Flight, GenRequest, Inflight, SamplingParams
-from gfcr.loop import SegmentHooks
+from gfcr.inprocess import SegmentHooks
 from gfcr.rollout import col
 from gfcr.run import execute
 from stages import HF, ActivePartialRollouts, TinyLlama

@@ -26,14 +26,14 @@ def test_a_resumed_run_recycles_exactly_the_partials_it_left(tmp_path):
         rt = runtime(p, b, "r")
         for step in range(2):
             run_step(rt, "r", step, local_call)
-        checkpoint = rt.learner.state_dict(), rt.engine.version
+        checkpoint = rt.services.learner.state_dict(), rt.services.learner.version
         pending = b.sql("SELECT rollout_id FROM rollouts WHERE step = 1 AND status = "
                         "'partial'").column(col.ROLLOUT_ID).to_pylist()
         del rt  # the process stops; a new one rebuilds everything from the spec
         policy = p.policy.build(seed=p.seed)
         policy.version = checkpoint[1]
         resumed = runtime(p, b, "r", policy=policy)
-        resumed.learner.load_state_dict(checkpoint[0])
+        resumed.services.learner.load_state_dict(checkpoint[0])
         run_step(resumed, "r", 2, local_call)
         assert pending, "step 1 must leave partials for this test to mean anything"
         continued = {r[col.PARENT_ID] for r in _step(b, 2) if r[col.PARENT_ID]}

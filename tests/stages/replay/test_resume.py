@@ -50,12 +50,12 @@ def test_a_stopped_and_resumed_run_commits_what_an_uninterrupted_run_does(tmp_pa
         rt = runtime(p, b, "r")
         for step in range(2):
             run_step(rt, "r", step, local_call)
-        checkpoint = rt.learner.state_dict(), rt.engine.version
+        checkpoint = rt.services.learner.state_dict(), rt.services.learner.version
         del rt  # the process stops; a new one rebuilds everything from the spec
         policy = p.policy.build(seed=p.seed)
         policy.version = checkpoint[1]
         resumed = runtime(p, b, "r", policy=policy)
-        resumed.learner.load_state_dict(checkpoint[0])
+        resumed.services.learner.load_state_dict(checkpoint[0])
         for step in range(2, STEPS):
             run_step(resumed, "r", step, local_call)
         replayed = a.sql("SELECT count(*) AS n FROM rollouts WHERE replay_count > 0")

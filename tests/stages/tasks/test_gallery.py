@@ -17,6 +17,7 @@ import pytest
 from reasoning_gym.factory import DATASETS
 
 from gfcr import Pipeline
+from gfcr.inprocess import local_services
 from gfcr.loop import Runtime, run_step
 from gfcr.rollout import col
 from gfcr.stash import MemoryStash
@@ -88,8 +89,9 @@ def _one_step(task: ReasoningGym, shared: dict) -> None:
     pipeline = Pipeline(name="gallery", task=task, policy=TinyLlama(), engine=HF(device="cpu"),
                         stages=[UniformSampler(batch=1), GroupSample(n=2, max_tokens=3),
                                 Verify()])
-    rt = Runtime(pipeline=pipeline, task=task, engine=shared["engine"], learner=None,
-                 stash=MemoryStash())
+    engine = shared["engine"]
+    rt = Runtime(pipeline=pipeline, task=task, services=local_services(
+        engine, engine.policy, None), stash=MemoryStash())
     try:
         report = run_step(rt, "gallery", 0, lambda name, fn, *args: fn(*args))
     except ScorerFailed as e:

@@ -1,0 +1,63 @@
+"""Where a run's work runs: the :class:`gfcr.services.Services` built for a run.
+
+- in-process (no pool): the engine shares the learner's policy; with
+  ``max_staleness > 0`` it gets a policy of its own and a thread to generate on while
+  the learner updates (gfcr.inprocess.LocalGenerator);
+- a generate pool: engine workers generate (gfcr.remote.dispatch), the run's own
+  engine still evaluates;
+- a score pool: the scoring filter stages run on engine workers (gfcr.remote.scoring).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from gfcr.capabilities import EngineSpec
+from gfcr.commits import BackgroundCommits, pinned_history, recording
+from gfcr.inprocess import LocalGenerator, LocalLearner, LocalScorer
+from gfcr.pipeline import Pipeline
+from gfcr.remote import scoring
+from gfcr.remote.dispatch import for_run
+from gfcr.runtime import Record, Runtime
+from gfcr.services import Generator, Services
+from gfcr.stage import TRAIN
+from gfcr.tokencheck import check_task
+
+
+def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
+          commits: BackgroundCommits, pools: tuple[Any, Any],
+          notify: Callable[[str], None]) -> tuple[Runtime, Any]:
+    """The run's runtime and the learner's policy: built once, kept for the whole run."""
+    policy = pipeline.policy.build(seed=pipeline.seed)
+    check_task(pipeline.task, policy.tokenizer, policy.remedy)  # before any work, once
+    trainers = TRAIN.of(pipeline.stages)
+    learner = LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
+                           if trainers else None)
+    local = _local(pipeline, policy, background=bool(pipeline.max_staleness
+                                                     and pools[0] is None))
+    if local.policy is not policy:
+        local.load(learner.handle())  # the engine's own copy starts as the learner's
+    remote = for_run(pools[0], pipeline, run_id, root, local, notify)
+    generator: Generator = local if remote is None else remote
+    if remote is not None:
+        remote.load(learner.handle())
+    scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()
+    snapshots: dict[int, int] = {}
+    record = Record(commit=recording(store.commit_step, snapshots),
+                    history_at=pinned_history(store, run_id, snapshots, commits),
+                    background=commits)
+    services = Services(generator=generator, learner=learner, scorer=scorer)
+    return Runtime(pipeline=pipeline, task=pipeline.task, services=services, stash=stash,
+                   record=record), policy
+
+
+def _local(pipeline: Pipeline, policy: Any, *, background: bool) -> LocalGenerator:
+    """The run's engine: on the learner's policy, or, generating in the background
+    while the learner updates, on a policy of its own."""
+    own = pipeline.policy.build(seed=pipeline.seed) if background else policy
+    engine = pipeline.engine.build(own, seed=pipeline.seed)
+    spec = pipeline.engine
+    capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()
+    return LocalGenerator(engine, own, shared=own is policy, background=background,
+                          capabilities=capabilities)

@@ -1,0 +1,89 @@
+"""The rows one GRPO update trains on (stages.train.learner): which rows, their rewards,
+and the whole-batch counts the loss is divided by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from gfcr.rollout import col
+from stages.train.loss import Aggregation
+
+
+@dataclass
+class Work:
+    """The rows one update trains on, aligned lists (one entry per row)."""
+
+    prompts: list[list[int]] = field(default_factory=list)
+    completions: list[list[int]] = field(default_factory=list)
+    adv: list[float] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    """Loss masks (forced tokens out, the token selector applied)."""
+    old: list[np.ndarray] = field(default_factory=list)
+    """Logprobs the ratio is taken against: behaviour, or proximal for off-policy rows."""
+    weights: list[np.ndarray] | None = None
+    """Truncated IS weights (ones on on-policy rows); None when no row is off-policy."""
+    ref: list[np.ndarray] | None = None
+    """Reference-model logprobs, when ``kl_coef > 0``."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def rewards(batch: pa.Table, label: str) -> np.ndarray:
+    column = batch.column(col.REWARD)
+    if column.null_count:
+        raise ValueError(f"{label}: {column.null_count} batch row(s) have a null "
+                         f"{col.REWARD!r}; a Filter must score every row the learner "
+                         "trains on")
+    return column.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
+                 ) -> tuple[list[int], list[list[int]], list[list[int]], list[np.ndarray]]:
+    """(batch row, prompt ids, completion ids, behaviour logprobs) of rows with A != 0
+    (or, when ``every``, of all rows: a KL or entropy term gives A = 0 rows a gradient)
+    and at least one completion token."""
+    out: tuple[list, list, list, list] = ([], [], [], [])
+    prompts = batch.column(col.PROMPT_IDS).to_pylist()
+    completions = batch.column(col.COMPLETION_IDS).to_pylist()
+    logprobs = batch.column(col.LOGPROBS).to_pylist()
+    for i in (np.arange(len(adv)) if every else np.flatnonzero(adv != 0.0)):
+        if len(logprobs[i]) != len(completions[i]):
+            raise ValueError(f"{label}: batch row {int(i)!r} has {len(completions[i])!r} "
+                             f"completion ids but {len(logprobs[i])!r} logprobs")
+        if completions[i]:
+            for seq, value in zip(out, (int(i), prompts[i], completions[i],
+                                        np.asarray(logprobs[i], np.float32))):
+                seq.append(value)
+    return out
+
+
+def drop_empty(work: Work) -> None:
+    """Remove rows left without a loss token (a token selector may empty a row)."""
+    keep = [i for i, m in enumerate(work.masks) if m.any()]
+    if len(keep) == len(work.masks):
+        return
+    work.prompts = [work.prompts[i] for i in keep]
+    work.completions = [work.completions[i] for i in keep]
+    work.adv = [work.adv[i] for i in keep]
+    work.masks = [work.masks[i] for i in keep]
+    work.old = [work.old[i] for i in keep]
+    if work.weights is not None:
+        work.weights = [work.weights[i] for i in keep]
+
+
+def denominator(work: Work, aggregation: Aggregation) -> float:
+    """The whole batch's count: loss tokens (token_mean) or rows with a loss token."""
+    if aggregation == "token_mean":
+        return float(sum(int(m.sum()) for m in work.masks))
+    return float(sum(1 for m in work.masks if m.any()))
+
+
+def norm(work: Work, aggregation: Aggregation, norm_tokens: int | None) -> int | None:
+    """The seq_mean_token_sum_norm constant: ``norm_tokens`` or the longest completion."""
+    if aggregation != "seq_mean_token_sum_norm":
+        return None
+    return norm_tokens or max(len(c) for c in work.completions)
+
+
