@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from gfcr import problems as collect
 
-from gfcr import names
+from gfcr import names, yamlfile
 from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
 from gfcr.settings import Checkpointing, Evaluation  # noqa: F401 (imported from here)
@@ -63,6 +63,7 @@ class Pipeline(Spec):
     """With a generate pool: the batches of the next ``max_staleness`` steps are generated
     while a step trains, with weights up to that many versions old (gfcr.remote.ahead); 0
     is synchronous. Stored in the spec only when set, so older specs keep their hash."""
+    nested_numbers: ClassVar[bool] = False  # the task and stages check their own
 
     def __init__(self, **data: Any) -> None:
         collection = collect.active()
@@ -121,11 +122,21 @@ class Pipeline(Spec):
 
     @classmethod
     def from_yaml(cls, text: str, *, where: str = "YAML") -> "Pipeline":
-        data = yaml.safe_load(text)
-        if not isinstance(data, dict):
+        """The pipeline of a YAML text (read by gfcr.yamlfile: bounded, duplicate keys
+        refused); its problems name ``where`` and the line."""
+        try:
+            data, lines = yamlfile.load_with_lines(text, where=where)
+        except yamlfile.YamlRefused as err:
+            raise PipelineError([str(err)], where=where) from None
+        if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
             raise PipelineError([f"{where} holds {type(data).__name__}, not a mapping "
                                  "of pipeline fields"], where=where)
-        return cls(**data)
+        with yamlfile.lines(where, lines):
+            try:
+                return cls(**data)
+            except PipelineError as err:  # named by the file, not only the pipeline
+                raise PipelineError(err.problems, where=f"{where} (pipeline "
+                                    f"{data.get('name', '?')!r})") from None
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of the spec, first 16 hex digits."""
@@ -152,7 +163,7 @@ def _resolve(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     data = dict(data)
     for key in COMPONENTS:
         if data.get(key) is not None:
-            data[key] = _resolve_one(key, data[key], key, problems)
+            data[key] = _resolve_one(key, data[key], key, problems, (key,))
     stages = data.get("stages")
     if isinstance(stages, (list, tuple)):
         data["stages"] = tuple(_resolve_stage(i, s, problems) for i, s in enumerate(stages))
@@ -170,15 +181,17 @@ def _resolve_stage(index: int, value: Any, problems: list[str]) -> Any:
     where = f"stages[{index}] {label!r}"
     for kind in STAGE_ORDER:
         if value.get("type") in REGISTRY[kind]:
-            return _resolve_one(kind, value, where, problems)
+            return _resolve_one(kind, value, where, problems, ("stages", index))
     load_plugins()
     known = sorted(t for k in STAGE_ORDER for t in REGISTRY[k])
-    problems.append(f"{where}: unknown stage type {value.get('type')!r}; "
+    at = yamlfile.where(("stages", index, "type"))
+    problems.append(f"{where}{f' at {at}' if at else ''}: unknown stage type {value.get('type')!r}; "
                     f"known: {', '.join(known) or 'none'}")
     return value
 
 
-def _resolve_one(kind: str, value: Any, where: str, problems: list[str]) -> Any:
+def _resolve_one(kind: str, value: Any, where: str, problems: list[str],
+                 path: tuple[Any, ...]) -> Any:
     if isinstance(value, Spec):
         return value
     if not isinstance(value, dict) or "type" not in value:
@@ -192,7 +205,7 @@ def _resolve_one(kind: str, value: Any, where: str, problems: list[str]) -> Any:
     try:
         return cls.model_validate(value)
     except ValidationError as err:
-        problems.extend(f"{where}: {p}" for p in _format_errors(err))
+        problems.extend(f"{where}: {p}" for p in _format_errors(err, path))
         return value
 
 
@@ -328,10 +341,9 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
         problems.append(f"{assignment!r}: expected PATH=VALUE, e.g. grpo.lr=1e-3")
         return
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as e:
-        mark = (e.problem if isinstance(e, yaml.MarkedYAMLError) else None) or type(e).__name__
-        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({mark}); quote it, "
+        value = yamlfile.load(raw, where=f"--set {path}") if raw else ""
+    except yamlfile.YamlRefused as e:
+        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({e.problem}); quote it, "
                         f"e.g. --set '{path}=\"...\"'")
         return
     head, _, field = path.partition(".")
