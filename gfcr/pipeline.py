@@ -23,6 +23,7 @@ from gfcr import problems as collect
 from gfcr import names, yamlfile
 from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
+from gfcr.sizes import check_sizes
 from gfcr.settings import Checkpointing, Evaluation  # noqa: F401 (imported from here)
 from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
                         Stage, StageSpec, load_plugins, lookup)
@@ -240,6 +241,7 @@ def check(p: Pipeline) -> list[str]:
     _check_owners(stages, problems)
     _check_stage_rules(stages, problems)
     check_engine(p.engine, stages, problems)
+    check_sizes(p.task, p.evaluation, stages, problems)
     return problems
 
 
