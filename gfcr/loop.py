@@ -38,6 +38,7 @@ from gfcr.filters import applied, drop, merge_back, set_column
 from gfcr.helper import charging
 from gfcr.metrics import rollout_metrics
 from gfcr.problems import tally
+from gfcr.rewards import bounded
 from gfcr.pipeline import Pipeline
 from gfcr.rollout import PROMPT_SCHEMA, col, conform
 from gfcr.stage import (ALLOCATE, AUGMENT, FILTER, GENERATE, ON_SEGMENT, REFILL, SELECT, TRAIN,
@@ -183,7 +184,9 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         ref = rt.stash.put(f"{step}/merged-{rounds}", pa.concat_tables(
             [rt.stash.get(ref), rt.stash.get(more)], promote_options="permissive"))
         rounds += 1
-    metrics: dict[str, float] = {"rounds": float(rounds)}
+    table, clipped = bounded(rt.stash.get(ref), rt.pipeline.reward_range, step)
+    ref = rt.stash.put(f"{step}/bounded", table) if clipped else ref
+    metrics: dict[str, float] = {"rounds": float(rounds), "reward_out_of_range": float(clipped)}
     for s in AUGMENT.of(rt.pipeline.stages):
         ref = call(_name(s, ctx), _augment_fn(rt, ctx, s), ref)
     trainer = TRAIN.of(rt.pipeline.stages)

@@ -24,7 +24,8 @@ from gfcr import names, yamlfile
 from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
 from gfcr.sizes import check_sizes
-from gfcr.settings import Checkpointing, Evaluation  # noqa: F401 (imported from here)
+from gfcr.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
+                           RewardRange)
 from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
                         Stage, StageSpec, load_plugins, lookup)
 
@@ -64,6 +65,9 @@ class Pipeline(Spec):
     """With a generate pool: the batches of the next ``max_staleness`` steps are generated
     while a step trains, with weights up to that many versions old (gfcr.remote.ahead); 0
     is synchronous. Stored in the spec only when set, so older specs keep their hash."""
+    reward_range: RewardRange = RewardRange()
+    """The range of a step's rewards; outside it they are clipped or dropped, with a
+    warning (gfcr.rewards). Stored in the spec only when set, as ``max_staleness``."""
     nested_numbers: ClassVar[bool] = False  # the task and stages check their own
 
     def __init__(self, **data: Any) -> None:
@@ -116,6 +120,8 @@ class Pipeline(Spec):
         out["checkpoint"] = self.checkpoint.model_dump(mode="json")
         if self.max_staleness:
             out["max_staleness"] = self.max_staleness
+        if self.reward_range != RewardRange():
+            out["reward_range"] = self.reward_range.model_dump(mode="json")
         return out
 
     def to_yaml(self) -> str:
@@ -364,7 +370,7 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
         names = [s.get("name") or s.get("type") for s in data["stages"]]
         problems.append(f"{path!r}: no component or stage named {head!r}; stages: "
                         f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation, "
-                        "checkpoint")
+                        "checkpoint, reward_range")
         return
     _set_nested(target, field.split("."), value)
 
@@ -372,6 +378,8 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
 def _override_target(data: dict[str, Any], head: str) -> dict[str, Any] | None:
     if head in (*COMPONENTS, "evaluation", "checkpoint"):
         return data[head]
+    if head == "reward_range":  # stored only when set: its defaults fill what is not given
+        return data.setdefault(head, {})
     for s in data["stages"]:
         if (s.get("name") or s.get("type")) == head:
             return s

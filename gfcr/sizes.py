@@ -28,6 +28,9 @@ class PromptBatch(Protocol):
     kind: Any
     batch: int
 
+    @property
+    def label(self) -> str: ...
+
 
 def check_sizes(task: Any, evaluation: Any, stages: list[Any], problems: list[str]) -> None:
     """Append a problem for each demand on ``task`` it cannot supply."""

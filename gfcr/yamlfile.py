@@ -53,7 +53,7 @@ class YamlRefused(ValueError):
         super().__init__(f"{at}: {problem}")
 
 
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
+class _Loader(_BaseLoader):
     """The safe loader, refusing a key given twice in one mapping."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
