@@ -192,7 +192,8 @@ def _resolve_stage(index: int, value: Any, problems: list[str]) -> Any:
     load_plugins()
     known = sorted(t for k in STAGE_ORDER for t in REGISTRY[k])
     at = yamlfile.where(("stages", index, "type"))
-    problems.append(f"{where}{f' at {at}' if at else ''}: unknown stage type {value.get('type')!r}; "
+    where += f" at {at}" if at else ""
+    problems.append(f"{where}: unknown stage type {value.get('type')!r}; "
                     f"known: {', '.join(known) or 'none'}")
     return value
 
