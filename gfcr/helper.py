@@ -94,3 +94,11 @@ def call_with_timeout(fn: Callable[[], None], timeout: float) -> Outcome:
 
     helper.calls.put(run)
     return "done" if done.wait(timeout) else "timeout"
+
+
+def charge(seconds: float) -> None:
+    """Add ``seconds`` of CPU spent elsewhere for this thread (a scorer worker process's,
+    :mod:`gfcr.scorer_workers`) to whoever is collecting it (:func:`charging`)."""
+    box = _charged.get()
+    if box is not None:
+        box[0] += seconds

@@ -1,7 +1,8 @@
 """Run leases: one owner per run id, kept in the store's catalog database.
 
 A run takes the lease of its run id before it writes anything and renews it from a
-background thread while it lives; a second process asking for the same run id (two
+process of its own while it lives (:mod:`store._renewer`: a run's thread computing without
+letting go of the GIL cannot stop it); a second process asking for the same run id (two
 ``--resume`` of one run) is refused, naming the holder (host and pid). A lease that has
 lapsed (not renewed within its time to live), or whose holder is a process on this
 machine that no longer exists, is stale: the next owner takes it over, and the run it
@@ -22,16 +23,18 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from ._duck import Catalog, extension_path, quote_literal
+from ._duck import Catalog, quote_literal
+from ._lease_db import Backend as _Backend
+from ._lease_db import open_db
+from ._renewer import Renewer
 
 TABLE = "gfcr_run_leases"
 LEASE_FILE = "leases.sqlite"
@@ -96,63 +99,15 @@ def me() -> Holder:
 # ------------------------------------------------------------------ the database
 
 
-class _Backend(Protocol):
-    now: str
-
-    def execute(self, sql: str) -> None: ...
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]: ...
-
-    def close(self) -> None: ...
-
-
-class _Sqlite:
-    now = "((julianday('now') - 2440587.5) * 86400.0)"
-
-    def __init__(self, path: str, read_only: bool) -> None:
-        uri = Path(path).resolve().as_uri() + ("?mode=ro" if read_only else "")
-        self.con = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None,
-                                   check_same_thread=False)
-
-    def execute(self, sql: str) -> None:
-        self.con.execute(sql)
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        return self.con.execute(sql).fetchall()
-
-    def close(self) -> None:
-        self.con.close()
-
-
-class _Postgres:
-    """Statements run in PostgreSQL itself (``postgres_execute``/``postgres_query``), so
-    each is one atomic statement there, not a DuckDB scan and rewrite."""
-
-    now = "extract(epoch from clock_timestamp())::double precision"
-
-    def __init__(self, conninfo: str, read_only: bool) -> None:
-        import duckdb
-
-        self.con = duckdb.connect(config={"autoinstall_known_extensions": False,
-                                          "autoload_known_extensions": False})
-        self.con.execute(f"LOAD '{extension_path('postgres')}'")
-        mode = ", READ_ONLY" if read_only else ""
-        self.con.execute(f"ATTACH {quote_literal(conninfo)} AS pg (TYPE postgres{mode})")
-
-    def execute(self, sql: str) -> None:
-        self.con.execute(f"CALL postgres_execute('pg', {quote_literal(sql)})")
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        return self.con.execute(f"SELECT * FROM postgres_query('pg', {quote_literal(sql)})").fetchall()
-
-    def close(self) -> None:
-        self.con.close()
+def _where(catalog: Catalog) -> tuple[str, str]:
+    """The lease database of ``catalog``: its kind and its file or connection string."""
+    if catalog.kind == "sqlite":
+        return "sqlite", str(Path(catalog.target).with_name(LEASE_FILE))
+    return catalog.kind, catalog.target
 
 
 def _backend(catalog: Catalog, read_only: bool = False) -> _Backend:
-    if catalog.kind == "sqlite":
-        return _Sqlite(str(Path(catalog.target).with_name(LEASE_FILE)), read_only)
-    return _Postgres(catalog.target, read_only)
+    return open_db(*_where(catalog), read_only=read_only)
 
 
 def _rows(db: _Backend, where: str = "") -> list[LeaseRow]:
@@ -186,12 +141,14 @@ class RunLease:
         self.previous: LeaseRow | None = None
         """The stale lease this one took over (its run crashed), if any."""
         self.stale_reason: str | None = None
+        self._where = _where(catalog)
         self._db = _backend(catalog)
         self._lock = threading.Lock()
         self._lost: str | None = None
         self._renewed = time.monotonic()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewer: Renewer | None = None
+        self.renewals = 0
+        """Renewals the renewer process reported (read when the lease is checked)."""
 
     def _q(self, value: str) -> str:
         return quote_literal(value)
@@ -212,10 +169,16 @@ class RunLease:
             self._take_over(row)
             self.previous, self.stale_reason = row, why
         self._renewed = time.monotonic()
-        self._thread = threading.Thread(target=self._renew_loop, daemon=True,
-                                        name=f"gfcr-lease-{self.run_id}")
-        self._thread.start()
+        self._renewer = self._start_renewer()
         return self
+
+    def _start_renewer(self) -> Renewer:
+        db, h = self._db, self.holder
+        where = f"WHERE run_id = {self._q(self.run_id)}"
+        return Renewer(*self._where, owner=h.owner, interval=self.ttl / 5,
+                       renew_sql=f"UPDATE {TABLE} SET expires_at = {db.now} + {self.ttl} "
+                                 f"{where} AND owner = {self._q(h.owner)}",
+                       owner_sql=f"SELECT owner, host, pid FROM {TABLE} {where}")
 
     def _take_over(self, row: LeaseRow) -> None:
         h, db = self.holder, self._db
@@ -251,34 +214,47 @@ class RunLease:
                        f"WHERE run_id = {self._q(self.run_id)} AND owner = {self._q(self.holder.owner)}")
             row = self._row()
             if row is None or row.holder.owner != self.holder.owner:
-                who = row.holder.describe() if row else "nobody"
-                self._lost = (f"run {self.run_id!r}: this process's lease lapsed and was "
-                              f"taken over by {who}; it stops writing")
+                self._lost = self._lost_to(row.holder.describe() if row else "nobody")
                 raise LeaseLost(self._lost)
             self._renewed = time.monotonic()
+
+    def _lost_to(self, who: str) -> str:
+        return (f"run {self.run_id!r}: this process's lease lapsed and was taken over by "
+                f"{who}; it stops writing")
 
     def check(self) -> None:
         """Raise LeaseLost unless this process still holds the lease (renewing it first
         when the last renewal is old): called before each write of the run."""
+        self._read_reports()
         if self._lost:
             raise LeaseLost(self._lost)
         if time.monotonic() - self._renewed > self.ttl / 2:
             self.renew()
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self.ttl / 5):
-            try:
-                self.renew()
-            except LeaseLost:
-                return
-            except Exception:  # noqa: BLE001 - a busy catalog: the next tick tries again
-                continue
+    def _read_reports(self) -> None:
+        """Take in what the renewer reported; start a new one if it died."""
+        renewer = self._renewer
+        if renewer is None:
+            return
+        for line in renewer.reports():
+            if line == "renewed":
+                self.renewals += 1
+                self._renewed = time.monotonic()
+            elif line.startswith("lost "):
+                self._lost = self._lost or self._lost_to(line[len("lost "):])
+        if not renewer.alive() and not self._lost:
+            renewer.stop()
+            self._renewer = self._start_renewer()
+
+    def stop_renewing(self) -> None:
+        """Stop the renewer process (the lease stays held until it lapses)."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop()
 
     def release(self) -> None:
         """Stop renewing and give the lease up (if still held)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self.stop_renewing()
         with self._lock:
             try:
                 if not self._lost:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from stages.filter import _seccomp
+from stages.filter import _cgroup, _seccomp
 
 Isolation = Literal["namespaces", "unsafe"]
 
@@ -32,7 +32,8 @@ VIOLATIONS = frozenset({"wall_time", "cpu_time", "memory", "file_size", "process
 
 _LAUNCHER = Path(__file__).with_name("_launch.py")
 _OUTPUT_CAP = 64 * 1024
-_CHANNEL_CAP = 1 << 20
+_CHANNEL_CAP = 8 << 20
+"""The result channel is a file the program writes: ``file_mb`` bounds it too."""
 _BWRAP_EXIT = 128
 """bwrap reports a program killed by signal ``s`` as exit status 128 + s."""
 
@@ -94,6 +95,9 @@ def run(source: str, sandbox: Limits) -> Outcome:
         config = {"python": _python(), "channel": channel.fileno(), "started": started.fileno(),
                   "cpu_seconds": sandbox.cpu_seconds, "memory_mb": sandbox.memory_mb,
                   "file_mb": sandbox.file_mb}
+        group = _group(sandbox)
+        if group is not None:
+            stack.callback(group.close)
         if sandbox.isolation == "unsafe":
             workdir = tempfile.mkdtemp(prefix="gfcr-sandbox-")
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
@@ -102,7 +106,7 @@ def run(source: str, sandbox: Limits) -> Outcome:
             argv, fds, kwargs = _namespaces(config, (program, launcher, filter_),
                                             2 * sandbox.file_mb << 20)
         begun = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        proc = subprocess.Popen(_cgroup.enter(group) + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 env={}, start_new_session=True, close_fds=True,
                                 pass_fds=(channel.fileno(), started.fileno(), *fds), **kwargs)
         timed_out = _wait(proc, sandbox.wall_seconds)
@@ -112,9 +116,21 @@ def run(source: str, sandbox: Limits) -> Outcome:
             # the launcher marks its start before the program runs: bwrap failed, or the
             # interpreter could not start (a program cannot fake this either way)
             raise OSError(f"the sandbox could not start: {stderr.strip()[-500:]}")
-        verdict = "wall_time" if timed_out else classify(proc.returncode, stderr)
+        verdict = ("memory" if group is not None and group.oom_killed() else
+                   "wall_time" if timed_out else classify(proc.returncode, stderr))
         return Outcome(verdict, proc.returncode, stdout, stderr, seconds, sandbox.isolation,
                        _read(channel, _CHANNEL_CAP))
+
+
+def _group(sandbox: Limits) -> _cgroup.Group | None:
+    """The run's memory cgroup, limited to ``memory_mb``: required in the namespaces
+    (``OSError`` naming why where none can be made), used where one can be in unsafe mode."""
+    try:
+        return _cgroup.create(sandbox.memory_mb << 20)
+    except OSError:
+        if sandbox.isolation == "unsafe":
+            return None
+        raise
 
 
 _Command = tuple[list[str], list[int], dict[str, Any]]
@@ -151,7 +167,8 @@ def _namespaces(config: dict[str, Any], files: tuple[IO[bytes], ...],
             binds.append(top)
     for path in binds:
         argv += ["--ro-bind", path, path]
-    argv += ["--dev", "/dev", "--size", str(disk_bytes), "--tmpfs", "/work",
+    # /dev (with /dev/shm) read-only: bwrap's --dev is a tmpfs without a size limit
+    argv += ["--dev", "/dev", "--remount-ro", "/dev", "--size", str(disk_bytes), "--tmpfs", "/work",
              "--size", str(disk_bytes), "--tmpfs", "/tmp",
              "--ro-bind-data", str(launcher.fileno()), "/gfcr/launch.py",
              "--file", str(program.fileno()), "/work/main.py", "--remount-ro", "/",

@@ -3,20 +3,31 @@
 A program that runs its own tests can forge them: ``os._exit(0)`` before the tests ends
 the process as a pass, and a returned object whose ``__eq__`` always says True passes any
 ``assert f(x) == y``; any check made inside the program's process is at its mercy, since
-the model's code runs first and may rewrite anything there. So the tests are split:
+the model's code runs first and may rewrite anything there. So :func:`plan` splits the
+tests, walking them in the order they run:
 
-- each test ``assert <expression> == <literal>`` (either side the literal) becomes a
-  *check*: only the expression enters the sandbox; the harness appended to the model's
-  code evaluates it and writes its ``repr`` to the result channel (fd 3);
-- the parent parses each value back with ``ast.literal_eval`` (plain ints, strings,
-  lists, ...: none of the program's objects leave the sandbox) and compares it with the
-  literal, which never entered the sandbox. A missing, unparsable or different value
-  fails its check; the reward is 1.0 only when every check passes.
+- *static* statements (``cases = [(1, 2), ...]``, ``import math``, a ``for`` over a
+  static iterable, an ``if`` on a static condition) are evaluated by the harness's own
+  judge (:mod:`stages.filter._judge`); loops are unrolled, a check function
+  (HumanEval's ``def check(candidate): ...`` then ``check(f)``) is inlined;
+- every ``assert`` (at the top, in such a loop, branch or check function) becomes a
+  *check*: its expression is split into *probes*, the parts that need the program
+  (``f(x)``, ``candidate(*args)``), which run in the sandbox with the static inputs
+  they name passed in, and the rest (the comparison, ``abs``, ``math.isclose``, the
+  expected values), which the judge evaluates outside on the probes' values;
+- the probes' values come back through the result channel (fd 3) in the tagged encoding
+  of :mod:`stages.filter._values`: data only, never the program's objects;
+- other statements (statements that call the program, its helper definitions) run in
+  the sandbox in order, with the static values they use sent in.
 
-Other statements in the tests (imports, assignments, helper definitions) run in the
-sandbox, in order, before the checks after them. Any other ``assert`` is refused: its
-outcome would be decided inside the program. A program that knows no expected value can
-only pass by computing it.
+Refused, with the reason (:class:`ValueError`): an assert whose verdict would be decided
+inside the sandbox: one comparing only values computed there, one that calculates with a
+probe's value inside a probe (``[f(x) == y for ...]``), one judged by a function the
+tests define (it runs in the sandbox, where the program can rewrite it), or one in a
+loop, branch, ``try`` or function the harness cannot unroll. A ``try`` that expects an
+exception (``try: f(-1); assert False`` / ``except ValueError: pass``) is a check that
+the probe raised it. A program that knows no expected value can only pass by computing
+it.
 """
 
 from __future__ import annotations
@@ -26,16 +37,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-_CHANNEL = 3
+from stages.filter import _judge, _values
+from stages.filter._walk import Check, Planner
 
-
-@dataclass(frozen=True)
-class Check:
-    """One test: the expression the program computes and the literal it must equal."""
-
-    expression: str
-    expected: Any
-    source: str
+__all__ = ["Check", "Plan", "passed", "plan"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Plan:
 
     program: str
     checks: tuple[Check, ...]
+    probes: int
 
 
 def plan(code: str, tests: str) -> Plan:
@@ -53,71 +59,81 @@ def plan(code: str, tests: str) -> Plan:
         statements = ast.parse(tests).body
     except SyntaxError as err:
         raise ValueError(f"code verifier: the tests do not parse: {err}") from None
-    lines = ["", "# --- tests: values go to fd 3, the verdict is taken outside the program",
-             "__gfcr_values = []",
-             "def __gfcr_value(thunk):",
-             "    try:",
-             "        return repr(thunk())",
-             "    except BaseException:",
-             "        return None"]
-    checks: list[Check] = []
-    for node in statements:
-        check = _check(node)
-        if check is None:
-            lines.append(ast.unparse(node))
-            continue
-        checks.append(check)
-        lines.append(f"__gfcr_values.append(__gfcr_value(lambda: ({check.expression})))")
-    if not checks:
-        raise ValueError("code verifier: the tests hold no `assert <expression> == <literal>`")
-    lines += ["import json as __gfcr_json",
-              f"with open({_CHANNEL}, 'w', closefd=False) as __gfcr_out:",
-              "    __gfcr_out.write(__gfcr_json.dumps(__gfcr_values))", ""]
-    return Plan(code + "\n" + "\n".join(lines), tuple(checks))
+    except (RecursionError, MemoryError):
+        raise ValueError("code verifier: the tests are nested too deeply to parse") from None
+    walk = Planner(_names(code))
+    try:
+        for node in statements:
+            walk.statement(node)
+        walk.finish()
+    except (TypeError, ArithmeticError, LookupError, RecursionError) as err:
+        raise ValueError(f"code verifier: the tests' own static code raised "
+                         f"{type(err).__name__}: {str(err)[:200]}") from None
+    if not walk.checks:
+        raise ValueError("code verifier: the tests hold no assert")
+    body = "\n".join(walk.lines)
+    program = (f"{code}\n\n# --- the harness: probes' values go to fd 3; the verdict is "
+               f"taken outside\n{_values.PRELUDE}\n{body}\n__gfcr_finish(__gfcr_values)\n")
+    return Plan(program, tuple(walk.checks), walk.count)
 
 
-def _check(node: ast.stmt) -> Check | None:
-    """The check an assert statement makes; None for a statement that is not an assert."""
-    if not isinstance(node, ast.Assert):
-        return None
-    source = ast.unparse(node)
-    test = node.test
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
-        left, right = test.left, test.comparators[0]
-        for expr, literal in ((left, right), (right, left)):
-            try:
-                expected = ast.literal_eval(literal)
-            except (ValueError, TypeError, SyntaxError, RecursionError):
-                continue
-            return Check(ast.unparse(expr), expected, source)
-    raise ValueError(f"code verifier: test `{source[:200]}` is not `assert <expression> == "
-                     f"<literal>`; only such tests are checked outside the program (a check "
-                     f"the program's own process makes, the program can forge)")
+def _names(code: str) -> set[str]:
+    """Every name the program's code binds (so a builtin it shadows is the program's)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and
+             isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return names
 
 
-def passed(checks: tuple[Check, ...], channel: str) -> tuple[bool, str]:
+def passed(steps: Plan, channel: str) -> tuple[bool, str]:
     """Whether every check passed, from what the program wrote to the result channel;
     and, when not, which check failed first and how."""
     try:
-        values = json.loads(channel)
+        entries = json.loads(channel)
     except (ValueError, RecursionError):
         return False, "the tests did not run to the end (no result from the harness)"
-    if not isinstance(values, list) or len(values) != len(checks):
+    if not isinstance(entries, list) or len(entries) != steps.probes or \
+            not all(isinstance(e, list) and len(e) == 2 for e in entries):
         return False, "the harness's result is malformed"
-    for check, value in zip(checks, values):
-        if not isinstance(value, str):
-            return False, f"`{check.source[:200]}`: the expression raised"
-        try:
-            got = ast.literal_eval(value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return False, f"`{check.source[:200]}`: the value is not a plain literal"
-        if not _equal(got, check.expected):
-            return False, f"`{check.source[:200]}`: got {value[:200]}"
+    for check in steps.checks:
+        ok, why = _judged(check, entries)
+        if not ok:
+            return False, f"`{check.source[:200]}`: {why}"
     return True, ""
 
 
-def _equal(got: Any, expected: Any) -> bool:
+def _judged(check: Check, entries: list[Any]) -> tuple[bool, str]:
+    """One check's outcome from the probes' entries (``["ok", value]``, ``["raised",
+    [class names]]``, ``["unreadable", why]``)."""
+    env = dict(check.env)
+    for k in check.probes:
+        kind, body = entries[k]
+        if check.raises:
+            names = body if kind == "raised" and isinstance(body, list) else []
+            if set(map(str, names)) & set(check.raises):
+                return True, ""
+            if kind == "raised":
+                return False, f"raised {str(names[:1])[:100]}, not {' or '.join(check.raises)}"
+            continue
+        if kind != "ok":
+            return False, f"{'raised' if kind == 'raised' else 'unreadable'}: {str(body)[:200]}"
+        try:
+            env[f"__gfcr_p{k}"] = _values.decode(body)
+        except (ValueError, TypeError, RecursionError, ArithmeticError) as err:
+            return False, f"the value is malformed ({err})"
+    if check.raises:
+        return False, f"raised nothing, not {' or '.join(check.raises)}"
+    assert check.judge is not None
     try:
-        return bool(got == expected)
-    except (RecursionError, MemoryError):
-        return False
+        return (bool(_judge.evaluate(check.judge, env)), "the assert is false")
+    except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, RecursionError,
+            MemoryError, AttributeError) as err:
+        return False, f"judging it raised {type(err).__name__}: {str(err)[:200]}"

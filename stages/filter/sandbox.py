@@ -9,8 +9,12 @@ no environment, no user site, no script directory on the path) under bubblewrap
 - new user, mount, PID, network, IPC, UTS (and, where the kernel has them, cgroup)
   namespaces; no nested user namespaces; a new session (no terminal to inject into);
 - a root of its own: read-only /usr (the /bin, /lib links) and the interpreter's
-  install prefix, a minimal /dev, and small writable tmpfs /work and /tmp that vanish
-  with it; no /proc, /etc, /home, /root, repository, store or host temporary files;
+  install prefix, a minimal read-only /dev (so no /dev/shm to fill), and small sized
+  writable tmpfs /work and /tmp that vanish with it; no /proc, /etc, /home, /root,
+  repository, store or host temporary files;
+- a memory cgroup of its own (:mod:`stages.filter._cgroup`) limited to ``memory_mb``:
+  every page the run holds is charged to it, its tmpfs files, anonymous files
+  (``memfd``), System V segments and the kernel memory of its files included;
 - no network but its own loopback; no view of host processes (so no signal to them);
 - an unprivileged uid (root starts it as a fresh random uid) with no capabilities;
 - when the program ends or is killed, the PID namespace's init ends and the kernel
@@ -23,7 +27,8 @@ limit         how                                              verdict when hit
 ============  ===============================================  ============================
 CPU time      ``RLIMIT_CPU`` (SIGXCPU, SIGKILL one second on)  ``cpu_time``
 wall time     the parent kills the sandbox                     ``wall_time``
-memory        ``RLIMIT_AS``                                    ``memory`` (MemoryError)
+memory        ``RLIMIT_AS`` and the run's memory cgroup        ``memory`` (MemoryError,
+                                                               or the cgroup's OOM kill)
 file size     ``RLIMIT_FSIZE`` and a tmpfs ``--size``           ``file_size``
 processes     ``RLIMIT_NPROC``: no fork, no thread             ``processes``
 network       an empty network namespace                       ``network``
@@ -31,10 +36,12 @@ files         a root with nothing of the host's worth reading  ``filesystem``
 ============  ===============================================  ============================
 
 Where namespaces cannot be had (no ``bwrap``, or a kernel or container that forbids
-unprivileged user namespaces), :func:`unavailable` says why, and code verifiers refuse
-to run unless the pipeline opts in to ``Sandbox(isolation="unsafe")``: a separate process
+unprivileged user namespaces) or no memory cgroup can be made, :func:`unavailable` says
+why, and code verifiers refuse to run unless the pipeline opts in to
+``Sandbox(isolation="unsafe")``: a separate process
 with the same rlimits and an empty environment, but the host's files, processes and
-network in reach, which warns on every step. Each outcome records the isolation used.
+network in reach (and a memory cgroup only where one can be made), which warns on every
+step. Each outcome records the isolation used.
 
 Besides stdout and stderr the program has a *result channel*, fd 3, which the harness
 of :mod:`stages.filter.harness` writes its measured values to.
@@ -50,7 +57,7 @@ from functools import lru_cache
 from pydantic import Field
 
 from gfcr.stage import Spec
-from stages.filter import _process
+from stages.filter import _cgroup, _process
 from stages.filter._process import VIOLATIONS, Isolation, Outcome, classify
 
 __all__ = ["Sandbox", "Outcome", "SandboxUnavailable", "VIOLATIONS", "classify", "refusal",
@@ -88,10 +95,12 @@ def run_python(source: str, sandbox: Sandbox = Sandbox()) -> Outcome:
 
 def refusal(reason: str) -> str:
     """The one-paragraph refusal of a code verifier where namespaces are unavailable."""
-    return (f"the code sandbox cannot isolate model-written code here: {reason}. Install "
+    return (f"the code sandbox cannot isolate model-written code here: {reason}. It needs "
             f"bubblewrap (apt-get install bubblewrap) on a kernel that allows unprivileged "
-            f"user namespaces, or opt in to running it without isolation, with the host's "
-            f"files, processes and network in its reach: "
+            f"user namespaces, and a memory cgroup it may make groups in (cgroup v1's "
+            f"memory hierarchy, or a delegated v2 group named by ${_cgroup.ENV}); or opt "
+            f"in to running it without isolation, with the host's files, processes, "
+            f"network and memory in its reach: "
             f"CodeTests(sandbox=Sandbox(isolation=\"unsafe\")).")
 
 

@@ -25,6 +25,7 @@ import importlib
 import json
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
@@ -43,7 +44,14 @@ class Verifier(Protocol):
     def scorer(self, ctx: StepContext) -> Scorer: ...
 
 
-class SandboxViolation(RuntimeError):
+class Wrong(RuntimeError):
+    """A verdict, not a scorer failure: the program is wrong (reward 0) for the reason
+    given; it crashed, hit a limit, or cannot be run at all (too large, not text).
+    Verify records the reason in ``score_error`` and keeps the rollout, so a policy
+    cannot turn a wrong answer into one that is not counted."""
+
+
+class SandboxViolation(Wrong):
     """The sandbox stopped the program (time, memory, processes, network, files)."""
 
 
@@ -60,20 +68,15 @@ class MathAnswer(Spec):
     """math-verify: 1.0 when the completion's last parsable expression equals the
     reference answer mathematically (``1/2`` = ``0.5`` = ``\\frac{1}{2}``), else 0.0.
     math-verify's own signal-based timeouts are off (they only work on the main thread);
-    Verify's ``timeout`` bounds the call instead."""
+    Verify's ``timeout`` bounds the call instead, in a worker process that is killed at
+    it (:class:`stages.filter._math.MathScore`)."""
 
     type: Literal["math"] = "math"
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        import math_verify
+        from stages.filter._math import MathScore
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            if answer is None:
-                raise ValueError("math verifier: the rollout has no reference answer")
-            gold = math_verify.parse(str(answer), parsing_timeout=None)
-            pred = math_verify.parse(completion, parsing_timeout=None)
-            return float(math_verify.verify(gold, pred, timeout_seconds=None))
-        return score
+        return MathScore()
 
 
 class Match(Spec):
@@ -101,15 +104,24 @@ class Match(Spec):
         return value
 
     def scorer(self, ctx: StepContext) -> Scorer:
-        regex = None if self.pattern is None else re.compile(self.pattern)
-        fold = (lambda s: s) if self.case_sensitive else str.casefold
+        return _MatchScore(self.pattern, self.case_sensitive)
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            if answer is None:
-                raise ValueError("match verifier: the rollout has no reference answer")
-            got = extract(completion, regex)
-            return float(got is not None and fold(got) == fold(str(answer).strip()))
-        return score
+
+@dataclass(frozen=True)
+class _MatchScore:
+    """The scorer of :class:`Match`, an object a worker process can be sent."""
+
+    pattern: str | None
+    case_sensitive: bool
+
+    def __call__(self, completion: str, answer: Any, meta: Any) -> float:
+        if answer is None:
+            raise ValueError("match verifier: the rollout has no reference answer")
+        got = extract(completion, None if self.pattern is None else re.compile(self.pattern))
+        want = str(answer).strip()
+        if not self.case_sensitive:
+            got, want = (None if got is None else got.casefold()), want.casefold()
+        return float(got is not None and got == want)
 
 
 def extract(completion: str, regex: re.Pattern | None) -> str | None:
@@ -131,12 +143,17 @@ class CodeTests(Spec):
 
     The code is the first fenced ```python block of the completion (else the whole
     completion); the tests are ``meta["tests"]`` (a string, or a list of statements such
-    as ``assert f(2) == 4``) or, failing that, the reference answer; each assert must be
-    ``assert <expression> == <literal>``. Reward: 1.0 when every expression's value
-    equals its literal, else 0.0. A program the sandbox had to stop (time, memory,
-    processes, network, files) raises :class:`SandboxViolation`, which Verify records in
-    ``score_error``. Without namespaces the scorer refuses to run unless ``sandbox``
-    opts in to ``isolation="unsafe"``, which warns on every step.
+    as ``assert f(2) == 4``) or, failing that, the reference answer; each assert is judged
+    outside the program (top-level asserts, asserts in loops and branches over
+    the test's own values, HumanEval's ``check(candidate)``, ``try`` blocks expecting an
+    exception; see :mod:`stages.filter.harness`, which refuses the forms it cannot
+    judge). Reward: 1.0 when every assert holds, else 0.0. A program that crashed, that
+    the sandbox had to stop (time, memory, processes, network, files), that is larger
+    than ``sandbox.file_mb`` or is not text (a lone surrogate) raises :class:`Wrong`
+    (:class:`SandboxViolation` for a limit): reward 0, the reason in ``score_error``,
+    the rollout kept. Only a fault of the harness (a sandbox that did not start, tests
+    it refuses) is a scorer failure. Without namespaces the scorer refuses to run unless
+    ``sandbox`` opts in to ``isolation="unsafe"``, which warns on every step.
     """
 
     type: Literal["code"] = "code"
@@ -150,15 +167,44 @@ class CodeTests(Spec):
                           f"code with isolation='unsafe': the host's files, processes and "
                           f"network are in its reach", UnsafeSandbox, stacklevel=2)
 
-        def score(completion: str, answer: Any, meta: Any) -> float:
-            steps = plan(*code_and_tests(completion, answer, meta))
-            outcome = run_python(steps.program, self.sandbox)
-            if outcome.violation:
-                last = outcome.stderr.strip().splitlines()[-1:] or [""]
-                raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict}"
-                                       f" ({last[0][:200]})")
-            return 1.0 if passed(steps.checks, outcome.channel)[0] else 0.0
-        return score
+        return _CodeScore(self.sandbox)
+
+
+@dataclass(frozen=True)
+class _CodeScore:
+    """The scorer of :class:`CodeTests`, an object a worker process can be sent."""
+
+    sandbox: Sandbox
+
+    def __call__(self, completion: str, answer: Any, meta: Any) -> float:
+        code, tests = code_and_tests(completion, answer, meta)
+        _runnable(code, self.sandbox.file_mb)
+        steps = plan(code, tests)
+        outcome = run_python(steps.program, self.sandbox)
+        last = (outcome.stderr.strip().splitlines()[-1:] or [""])[0][:200]
+        if outcome.violation:
+            raise SandboxViolation(f"sandbox {outcome.isolation}: {outcome.verdict} ({last})")
+        if outcome.verdict != "ok":
+            raise Wrong(f"the program crashed ({outcome.verdict}: {last})")
+        return 1.0 if passed(steps, outcome.channel)[0] else 0.0
+
+    def warm(self) -> None:
+        """Probe the sandbox once, when a worker loads the scorer (not in its first call)."""
+        if self.sandbox.isolation == "namespaces":
+            unavailable()
+
+
+def _runnable(code: str, file_mb: int) -> None:
+    """:class:`Wrong` for code that cannot be run: larger than the largest file the
+    sandbox lets a program write, or not text (a lone surrogate is no UTF-8)."""
+    if len(code) > file_mb << 20:
+        raise Wrong(f"the code is {len(code) / (1 << 20):.1f} MB, over the sandbox's "
+                    f"file_mb={file_mb}")
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise Wrong(f"the code is not text: a lone surrogate at character {err.start}") \
+            from None
 
 
 class UnsafeSandbox(UserWarning):

@@ -7,15 +7,25 @@ is recorded in ``score_error`` on that rollout, and the rollout is dropped
 - a step's scoring has a time ``budget``; what is left unscored when it is spent is
   marked ``not scored`` (no call is waited for past the budget);
 - a circuit ``breaker``: after that many consecutive failed calls (errors, timeouts),
-  the step stops calling the scorer, with a warning naming the last error. A call that
-  ran past ``timeout`` holds its helper thread until it returns (:mod:`gfcr.helper`),
-  and the calls after it fail at once, so a hanging scorer costs one timeout a step and
-  one thread, not one of each per rollout;
+  the step stops calling the scorer, with a warning naming the last error;
 - a step on which the scorer failed on *every* rollout ends the run with
   :class:`ScorerFailed` (exit code 1 from ``gfcr run``): training on nothing but errors
   is never what was meant, and the steps already committed stay stored, so ``--resume``
-  goes on once the scorer is fixed. A program the sandbox stopped is a verdict on the program,
-  not a scorer failure, and counts for neither rule.
+  goes on once the scorer is fixed. A program that crashed or that the sandbox stopped
+  is a verdict on the program (:class:`~stages.filter.verifiers.Wrong`: reward 0, the
+  reason in ``score_error``, the rollout kept whatever ``on_error`` says), not a scorer
+  failure, and counts for neither rule.
+
+Where a scorer runs (``worker``): a scorer that may run long (math, code, a user's
+``module:function``) is called in a worker process (:mod:`gfcr.scorer_workers`). A call
+past ``timeout`` has its worker killed and the next call gets a fresh one, so a completion
+that hangs the scorer costs one timeout and the other rollouts are still scored; a worker
+that dies (``os._exit``, a segfault, a signal) is that rollout's scorer failure, and
+nothing a scorer does can freeze or end the run. ``worker=False`` calls the scorer in the
+trainer's process instead (the default for the task's scorer and for match): faster, and
+sharing the run's state, but a call past ``timeout`` cannot be stopped; it holds its
+helper thread until it returns (:mod:`gfcr.helper`), and the calls after it fail at once,
+so a hanging scorer costs one timeout a step and one thread.
 
 Every row Verify scores gets :data:`SCORE_ISOLATION`. Verifiers are in
 :mod:`stages.filter.verifiers`; model-written code only ever runs in the sandbox.
@@ -26,27 +36,38 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Literal
+from typing import Any, Callable, ClassVar, Iterable, Literal
 
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
-from gfcr.helper import call_with_timeout
+from gfcr import scorer_workers
+from gfcr.helper import call_with_timeout, charge
 from gfcr.rollout import col
 from gfcr.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import set_column
-from stages.filter.verifiers import (CodeTests, SandboxViolation, Scorer, Verifier, VerifierSpec,
-                                     from_shorthand)
+from stages.filter.verifiers import (CodeTests, Function, MathAnswer, SandboxViolation, Scorer,
+                                     Verifier, VerifierSpec, Wrong, from_shorthand)
 
 SCORE_ISOLATION = "score_isolation"
 """Extra column (string) Verify writes on every row it scores: how the verifier ran the
 model's output. ``namespaces``: :class:`CodeTests` in the bubblewrap sandbox; ``unsafe``:
-CodeTests opted out of it (``Sandbox(isolation="unsafe")``); ``in_process``: a scorer
-that reads the completion as text in the trainer's process (task, math, match, a user
-function). A row scored by several Verify stages keeps the weakest: unsafe, then
-namespaces, then in_process."""
+CodeTests opted out of it (``Sandbox(isolation="unsafe")``); ``worker``: a scorer that
+reads the completion as text in a scorer worker process (math, a user function);
+``in_process``: one that reads it in the trainer's process (task, match, or any scorer
+with ``worker=False``). A row scored by several Verify stages keeps the weakest: unsafe,
+then namespaces, then in_process, then worker."""
 
-_WEAKEST = ("unsafe", "namespaces", "in_process")
+_WEAKEST = ("unsafe", "namespaces", "in_process", "worker")
+_IN_WORKER = (MathAnswer, CodeTests, Function)
+"""The verifiers called in a worker process unless ``worker=False``."""
+
+
+Call = Callable[[str, Any, Any, float, float], tuple[float, "str | None", bool]]
+"""``(completion, answer, meta, timeout, ready) -> (reward, error, failed)``: one scorer
+call under its timeout and at most ``ready`` seconds in all (the step's budget left, a
+worker's start included); ``failed`` when the scorer failed (not when the sandbox stopped
+the program)."""
 
 
 class ScorerFailed(RuntimeError):
@@ -62,13 +83,14 @@ class Verify(StageSpec):
     e.g. reasoning-gym's ``score_answer``), ``"math"``, ``"exact"``, ``"code"``,
     ``"regex:<pattern>"`` or ``"module:function"`` naming ``(completion, answer, meta) ->
     float``. ``timeout`` bounds each call in seconds; a call past it is recorded as a
-    ``TimeoutError`` and left to finish on its helper thread (an in-process call cannot
-    be killed; code verifiers run in the sandbox, which can). ``budget`` bounds a step's
-    scoring in seconds, ``breaker`` the consecutive failed calls (see the module).
+    ``TimeoutError`` (its worker process killed; an in-process call is left to finish on
+    its helper thread, since it cannot be killed). ``budget`` bounds a step's scoring in
+    seconds, ``breaker`` the consecutive failed calls, ``worker`` where the scorer runs
+    (see the module).
 
     >>> Verify()  # doctest: +NORMALIZE_WHITESPACE
     Verify(name=None, type='verify', scorer='task', on_error='drop', timeout=10.0,
-           budget=600.0, breaker=8, full_credit_only=False)
+           budget=600.0, breaker=8, worker=None, full_credit_only=False)
     """
 
     type: Literal["verify"] = "verify"
@@ -82,6 +104,10 @@ class Verify(StageSpec):
     """Seconds a step's scoring may take in all (see the module)."""
     breaker: int = Field(default=8, ge=1)
     """Consecutive failed scorer calls after which scoring stops (see the module)."""
+    worker: bool | None = None
+    """Call the scorer in a worker process killed at each call's deadline (True), or in
+    the trainer's process (False); None: in a worker for math, code and ``module:function``
+    scorers, in-process for the task's scorer and match."""
     full_credit_only: bool = False
     """Reward 1 for full credit and 0 for anything less. Task scorers give partial credit
     (reasoning-gym: e.g. 0.05 for a well-formed wrong grid, a share of the items of a list
@@ -115,17 +141,38 @@ class Verify(StageSpec):
         except ValueError as err:
             raise ValueError(f"stage {self.label!r}: {err}") from None
 
+    def in_worker(self) -> bool:
+        """Whether the scorer is called in a worker process (see ``worker``)."""
+        return isinstance(self.verifier(), _IN_WORKER) if self.worker is None else self.worker
+
     def isolation(self) -> str:
         """The :data:`SCORE_ISOLATION` of the rows this stage scores."""
         verifier = self.verifier()
-        return verifier.sandbox.isolation if isinstance(verifier, CodeTests) else "in_process"
+        if isinstance(verifier, CodeTests):
+            return verifier.sandbox.isolation
+        return "worker" if self.in_worker() else "in_process"
+
+    def caller(self, ctx: StepContext) -> "Call":
+        """How this step calls its scorer: in a worker process or on a helper thread."""
+        score = self.resolve(ctx)
+        if not self.in_worker():
+            return lambda completion, answer, meta, timeout, ready: _safe(
+                score, completion, answer, meta, timeout)
+        try:
+            sent = scorer_workers.payload(score)
+        except ValueError as err:
+            raise ValueError(f"stage {self.label!r}: {err}; or call it in the trainer's "
+                             f"process with Verify(worker=False)") from None
+        return lambda completion, answer, meta, timeout, ready: _in_worker(
+            sent, (completion, answer, meta), timeout, ready)
 
     def apply(self, ctx: StepContext, rollouts: pa.Table) -> FilterResult:
-        score = self.resolve(ctx)
+        call = self.caller(ctx)
         rows = zip(*(rollouts.column(n).to_pylist()
                      for n in (col.COMPLETION, col.ANSWER, col.META)))
         scoring = _Scoring(self.timeout, self.budget, self.breaker)
-        rewards, errors = scoring.run(score, rows)
+        rewards, errors = scoring.run(call, rows)
+        verdicts = scoring.verdicts
         if self.full_credit_only:
             rewards = [1.0 if r >= 1.0 else 0.0 for r in rewards]
         where = f"stage {self.label!r}, step {ctx.step}"
@@ -141,7 +188,7 @@ class Verify(StageSpec):
                 f"--resume {ctx.run_id}).")
         table = _with(rollouts, rewards, errors, self.label)
         table = _with_isolation(table, self.isolation())
-        keep = [e is None or self.on_error == "zero" for e in errors]
+        keep = [e is None or v or self.on_error == "zero" for e, v in zip(errors, verdicts)]
         reasons = [None if e is None else "score_error" for e in errors]
         return FilterResult(table, keep=keep, reason=reasons)
 
@@ -156,9 +203,11 @@ class _Scoring:
     breaker: int
     failures: int = 0
     stopped: str | None = None
+    verdicts: list[bool] = field(default_factory=list)
+    """Per row: its error is a verdict on the program (:class:`Wrong`), not a failure."""
     _streak: int = field(default=0, repr=False)
 
-    def run(self, score: Scorer, rows: Iterable[tuple[Any, Any, Any]]
+    def run(self, call: "Call", rows: Iterable[tuple[Any, Any, Any]]
             ) -> tuple[list[float], list[str | None]]:
         rewards: list[float] = []
         errors: list[str | None] = []
@@ -171,8 +220,8 @@ class _Scoring:
             if self.stopped is not None:
                 value, error, failed = 0.0, f"not scored: {self.stopped}", True
             else:
-                value, error, failed = _safe(score, completion, answer, meta,
-                                             min(self.timeout, left))
+                value, error, failed = call(completion, answer, meta,
+                                            min(self.timeout, left), left)
             self._streak = self._streak + 1 if failed else 0
             self.failures += failed
             if self.stopped is None and self._streak >= self.breaker:
@@ -180,6 +229,7 @@ class _Scoring:
                                 f"(circuit breaker; last error: {error})")
             rewards.append(value)
             errors.append(error)
+            self.verdicts.append(error is not None and not failed)
         return rewards, errors
 
 
@@ -194,7 +244,7 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
             box["value"] = float(score(completion, answer, meta))
         except BaseException as err:  # noqa: BLE001 - a user's scorer may raise anything
             box["error"] = f"{type(err).__name__}: {err}"[:500]
-            box["violation"] = isinstance(err, SandboxViolation)
+            box["violation"] = isinstance(err, Wrong)
 
     outcome = call_with_timeout(call, timeout)
     if outcome == "timeout":
@@ -203,7 +253,27 @@ def _safe(score: Scorer, completion: str, answer: Any, meta: Any,
         return 0.0, "TimeoutError: an earlier call of the scorer is still running", True
     if "error" in box:
         return 0.0, box["error"], not box["violation"]
-    value = box["value"]
+    return _finite(box["value"])
+
+
+_VERDICTS = frozenset(f"{kind.__module__}.{kind.__qualname__}"
+                      for kind in (Wrong, SandboxViolation))
+"""The qualified names of the errors that are verdicts on the program, as a worker
+reports them (the exception's class does not cross the process boundary)."""
+
+
+def _in_worker(sent: scorer_workers.Payload, args: tuple[Any, Any, Any], timeout: float,
+               ready: float) -> tuple[float, str | None, bool]:
+    """:func:`_safe` for a scorer in a worker process: at most ``timeout`` seconds for
+    the call, and ``ready`` in all (starting a worker and loading the scorer there)."""
+    reply = scorer_workers.pool().call(sent, args, timeout=timeout, ready=ready)
+    charge(reply.cpu)
+    if reply.error is not None:
+        return 0.0, reply.error, reply.error_type not in _VERDICTS
+    return _finite(reply.value if reply.value is not None else float("nan"))
+
+
+def _finite(value: float) -> tuple[float, str | None, bool]:
     if value != value or value in (float("inf"), float("-inf")):
         return 0.0, f"scorer returned {value!r}", True
     return value, None, False

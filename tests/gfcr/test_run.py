@@ -116,7 +116,7 @@ def test_scorer_errors_are_recorded_not_fatal(tmp_path):
     assert set(errors["drop_reason"].to_pylist()) == {"score_error"}
     assert all("reward function bug" in e for e in errors["score_error"].to_pylist())
     assert not any(errors["kept"].to_pylist())
-    assert set(t["score_isolation"].to_pylist()) == {"in_process"}  # on every scored row
+    assert set(t["score_isolation"].to_pylist()) == {"worker"}  # on every scored row
 
 
 def test_reward_and_heldout_accuracy_rise_on_a_learnable_task(tmp_path):

@@ -34,7 +34,8 @@ def april_pipeline(*, steps: int = 3, max_staleness: int = 4, **gen: Any) -> Pip
     return tiny_pipeline(task=Digits(), steps=steps, stages=[
         RecyclePartials(max_staleness=max_staleness), UniformSampler(batch=6),
         ActivePartialRollouts(over_provision=1.5), GroupSample(**sample),
-        Verify(scorer="tests.resources.control:recording_score"), GRPO(lr=1e-3)])
+        Verify(scorer="tests.resources.control:recording_score", worker=False),
+        GRPO(lr=1e-3)])
 
 
 def runtime(pipeline: Pipeline, store: Any, run_id: str, policy: Policy | None = None

@@ -5,7 +5,10 @@ configurations: the test process's own (root, as CI runs it) and an unprivileged
 where the scoring process itself runs as ``nobody`` (``setpriv``). ``nobody`` cannot
 read this checkout or its virtualenv wherever they live, so that configuration runs a
 copy of the sandbox's process side (standard library only: ``_process``, ``_launch``,
-``_seccomp``) from a world-readable temporary folder, with the system's python3.
+``_seccomp``, ``_cgroup``) from a world-readable temporary folder, with the system's
+python3. ``nobody`` may not make cgroups in root's, so root delegates one to it (a
+folder of its memory cgroup that ``nobody`` owns, named by ``$GFCR_SANDBOX_CGROUP``), as
+a deployment running the scorer as an unprivileged user would.
 
 Under ``CI=true`` a configuration that cannot be set up fails; elsewhere it skips.
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from stages.filter import _process
+from stages.filter import _cgroup, _process
 from stages.filter.sandbox import Sandbox, run_python, unavailable
 
 FILTER = Path(_process.__file__).parent
@@ -67,6 +70,17 @@ def host_dir() -> Path:
     return path
 
 
+def delegate(user: str) -> Path:
+    """A memory cgroup below this process's that ``user`` may make groups in."""
+    found = _cgroup.parent()
+    require(not isinstance(found, str), f"no memory cgroup to delegate: {found}")
+    assert not isinstance(found, str)
+    path = Path(tempfile.mkdtemp(prefix=f"gfcr-{user}-", dir=found[0]))
+    for entry in [path, *path.iterdir()]:
+        shutil.chown(entry, user)
+    return path
+
+
 class User:
     """One configuration: sandboxed runs and unsandboxed controls as ``name``."""
 
@@ -85,26 +99,35 @@ class User:
             for package in ("stages", "stages/filter"):
                 (self.copy / package).mkdir(parents=True)
                 (self.copy / package / "__init__.py").write_text("")
-            for name_ in ("_process.py", "_launch.py", "_seccomp.py"):
+            for name_ in ("_process.py", "_launch.py", "_seccomp.py", "_cgroup.py"):
                 shutil.copy(FILTER / name_, self.copy / "stages/filter" / name_)
             (self.copy / "runner.py").write_text(_RUNNER)
             for path in [self.copy, *self.copy.rglob("*")]:
                 path.chmod(0o755)
+            self.cgroup = delegate("nobody")
+
+    def close(self) -> None:
+        """Remove the cgroup delegated to ``nobody``, if any."""
+        if self.as_nobody:
+            _cgroup.Group(self.cgroup, 0).close()
 
     @property
     def prefix(self) -> list[str]:
         return NOBODY if self.as_nobody else []
 
-    def sandboxed(self, source: str, wall_seconds: float = 5.0) -> dict[str, Any]:
-        """Run ``source`` in the sandbox as this user; its outcome as a dict."""
+    def sandboxed(self, source: str, wall_seconds: float = 5.0, **limits: Any) -> dict[str, Any]:
+        """Run ``source`` in the sandbox as this user; its outcome as a dict. ``limits``:
+        other fields of :class:`Sandbox` (``memory_mb``, ...)."""
+        limits["wall_seconds"] = wall_seconds
         if not self.as_nobody:
-            out = run_python(source, Sandbox(wall_seconds=wall_seconds))
+            out = run_python(source, Sandbox(**limits))
             return {"verdict": out.verdict, "stdout": out.stdout, "stderr": out.stderr,
                     "channel": out.channel, "isolation": out.isolation}
-        request = json.dumps({"source": source, "limits": {"wall_seconds": wall_seconds}})
+        request = json.dumps({"source": source, "limits": limits})
         done = subprocess.run([*NOBODY, str(self.python), "-I", str(self.copy / "runner.py"),
                                str(self.copy)], input=request, capture_output=True, text=True,
-                              timeout=60, cwd="/")
+                              timeout=60, cwd="/",
+                              env={**os.environ, _cgroup.ENV: str(self.cgroup)})
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

@@ -3,6 +3,10 @@ folder's lease database and in a PostgreSQL catalog."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -30,11 +34,12 @@ def _exercise(store: RolloutStore) -> None:
     assert leases(store.catalog) == {}
 
     # a holder on another machine that stops renewing: refused until its lease lapses
-    gone = _elsewhere(RunLease(store.catalog, "r", ttl=1.0)).acquire()
-    gone._stop.set()  # the renewer stops, as in a process that froze
+    gone = _elsewhere(RunLease(store.catalog, "r")).acquire()
+    gone.stop_renewing()  # as a holder whose host went away
     with pytest.raises(LeaseHeld, match="pid 4242 on host 'other-host'"):
         RunLease(store.catalog, "r").acquire()
-    time.sleep(1.5)
+    db = gone._db  # its time to live, passed: the lease lapsed a second ago
+    db.execute(f"UPDATE gfcr_run_leases SET expires_at = {db.now} - 1 WHERE run_id = 'r'")
     taker = RunLease(store.catalog, "r").acquire()
     assert taker.previous is not None and taker.previous.holder.pid == 4242
     assert "lapsed" in (taker.stale_reason or "")
@@ -62,7 +67,7 @@ def test_a_dead_local_holder_is_stale_at_once_and_its_run_marked_crashed(tmp_pat
         dead = RunLease(store.catalog, "r")
         dead.holder = replace(dead.holder, pid=2**22 + 7)  # no such process here
         dead.acquire()
-        dead._stop.set()
+        dead.stop_renewing()
         with hold(store, "r") as lease:
             assert "no longer exists" in (lease.stale_reason or "")
             row = store.sql("SELECT status, error FROM runs").to_pylist()[0]
@@ -83,3 +88,83 @@ def test_a_commit_after_the_lease_was_lost_is_refused(tmp_path):
                                   metrics={})
             lease._lost = None
         assert store.last_step("r") is None
+
+
+_WATCH = """
+import os, sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], timeout=30)
+read = "SELECT expires_at FROM gfcr_run_leases WHERE run_id = 'r'"
+first, deadline, moved = con.execute(read).fetchone()[0], time.monotonic() + 60, False
+while not moved and time.monotonic() < deadline:
+    time.sleep(0.05)
+    moved = con.execute(read).fetchone()[0] > first
+os.write(int(sys.argv[2]), b"1" if moved else b"0")
+"""
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def test_the_lease_is_renewed_while_the_runs_process_holds_the_gil(tmp_path):
+    """A scorer, tokenizer or stage computing in C without letting go of the GIL
+    (math-verify expanding 9^9^9^9) stops every thread of the run's process: the lease's
+    renewer is not one of them. Here the run's thread holds the GIL in a C call (poll(2)
+    through ctypes.PyDLL, which keeps it) until a watcher process has seen the lease's
+    expiry move in the database, or 60 s have passed."""
+    with RolloutStore.open(tmp_path / "s") as store:
+        lease = RunLease(store.catalog, "r", ttl=1.0).acquire()
+        try:
+            read, write = os.pipe()
+            watcher = subprocess.Popen([sys.executable, "-c", _WATCH,
+                                        str(tmp_path / "s" / "leases.sqlite"), str(write)],
+                                       pass_fds=(write,))
+            os.close(write)
+            waiting = _PollFd(read, 1, 0)  # POLLIN
+            ctypes.PyDLL(None).poll(ctypes.byref(waiting), 1, 90_000)  # holds the GIL
+            assert os.read(read, 1) == b"1", "the lease was not renewed while the GIL was held"
+            watcher.wait()
+            deadline = time.monotonic() + 60
+            while lease.renewals == 0 and time.monotonic() < deadline:
+                lease.check()  # reads the renewer's reports
+                time.sleep(0.05)
+            assert lease.renewals >= 1
+        finally:
+            lease.release()
+
+
+_HOLD = """
+import sys
+from store import RolloutStore
+from store.lease import RunLease
+with RolloutStore.open(sys.argv[1]) as store:
+    lease = RunLease(store.catalog, "r", ttl=1.0).acquire()
+    print(lease._renewer.proc.pid, flush=True)
+    sys.stdin.read()
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_renewer_ends_with_the_runs_process(tmp_path):
+    """A renewer that outlived its run would keep a dead run's lease alive for ever (on a
+    PostgreSQL catalog, where no other host can see that the pid is gone)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / "s")], env=env,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        renewer = int(run.stdout.readline())
+        assert _running(renewer)
+    finally:
+        run.kill()  # kill -9: no release, no atexit
+        run.wait()
+    deadline = time.monotonic() + 60
+    while _running(renewer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(renewer)

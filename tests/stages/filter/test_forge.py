@@ -62,18 +62,42 @@ def test_honest_code_still_scores(score):
 
 def test_the_expected_values_never_enter_the_sandbox():
     steps = plan("def f(x):\n    return x", "import math\nassert f(2) == 1234567\n"
-                                           "assert 7654321 == f(math.floor(3.5))")
-    assert "1234567" not in steps.program and "7654321" not in steps.program
-    assert [c.expected for c in steps.checks] == [1234567, 7654321]
-    assert passed(steps.checks, json.dumps(["1234567", "7654321"])) == (True, "")
-    assert passed(steps.checks, json.dumps(["1234567"]))[0] is False
-    assert "not a plain literal" in passed(steps.checks, json.dumps(["1234567", "<Yes>"]))[1]
+                                           "assert 7654321 == f(math.floor(3.5))\n"
+                                           "for x, y in [(5, 2345678)]:\n    assert f(x) == y\n"
+                                           "for case in [(6, 3456789)]:\n"
+                                           "    assert f(case[0]) == case[1]")
+    for secret in ("1234567", "7654321", "2345678", "3456789"):
+        assert secret not in steps.program
+    assert "lambda x=5: (f(x))" in steps.program  # an input goes in, its answer does not
+    ok = [["ok", ["int", "1234567"]], ["ok", ["int", "7654321"]], ["ok", ["int", "2345678"]],
+          ["ok", ["int", "3456789"]]]
+    assert passed(steps, json.dumps(ok)) == (True, "")
+    assert passed(steps, json.dumps(ok[:2]))[0] is False
+    forged = json.dumps([ok[0], ["unreadable", "Yes: int"], *ok[2:]])
+    assert "unreadable: Yes" in passed(steps, forged)[1]
 
 
-@pytest.mark.parametrize("test", ["assert f(2)", "assert f(2) != 3", "x = 4\nassert f(2) == x",
-                                  "assert f(2) == 4 == f(3)"])
+@pytest.mark.parametrize("test", [
+    "assert f(2) == f(3)",
+    "def helper(v):\n    return v == 4\nassert helper(f(2))",
+    "assert [f(x) == y for x, y in [(2, 4)]] == [True]",
+    "while True:\n    assert f(2) == 4",
+    "for x in f(3):\n    assert x == 1",
+    "if f(1):\n    assert f(2) == 4",
+    "try:\n    assert f(2) == 4\nexcept Exception:\n    pass",
+    "import numpy as np\nassert np.allclose(f(2), [4])",
+    "if f(2) != 4:\n    raise AssertionError",
+])
 def test_a_check_the_program_could_forge_is_refused(test):
-    with pytest.raises(ValueError, match="only such tests are checked outside the program"):
-        plan("def f(x):\n    return x", test)
-    with pytest.raises(ValueError, match="no `assert <expression> == <literal>`"):
+    with pytest.raises(ValueError, match="only asserts the harness judges outside"):
+        plan("def f(x):\n    return x", test + "\nassert f(1) == 1")
+    with pytest.raises(ValueError, match="the tests hold no assert"):
         plan("def f(x):\n    return x", "import math")
+
+
+def test_a_loop_that_collects_results_sends_in_inputs_not_the_cases():
+    steps = plan("def f(x):\n    return x", "cases = [(2, 4567890)]\nout = []\n"
+                 "for x, y in cases:\n    out.append(f(x))\n"
+                 "assert out == [y for x, y in cases]")
+    assert "4567890" not in steps.program and "x = 2" in steps.program
+    assert passed(steps, json.dumps([["ok", ["list", [["int", "4567890"]]]]])) == (True, "")

@@ -1,4 +1,4 @@
-"""Hostile programs against the code sandbox, as root and as ``nobody`` (issue 12).
+"""Hostile programs against the code sandbox, as root and as ``nobody`` (issues 12, 26).
 
 Each attack below once succeeded under the old ``rlimits`` fallback, which every
 non-root user got silently. Each test runs the attack unsandboxed first, as the same
@@ -37,7 +37,9 @@ def user(request, host):
     home = host / request.param
     home.mkdir()
     home.chmod(0o777)
-    return User(request.param, home)
+    user = User(request.param, home)
+    yield user
+    user.close()
 
 
 def _secret(host: Path) -> str:
@@ -247,3 +249,63 @@ def test_a_double_forked_process_does_not_survive_the_verdict(user, host):
     time.sleep(1.5)  # past the survivor's own sleep
     assert not sandbox_file.exists() and _processes_with(marker) == [], out
     assert out["verdict"] == "processes", out
+
+
+_HOLD = """
+import os
+held = 0
+try:
+    for i in range({n}):
+        fd = os.open("{where}%d" % i, os.O_CREAT | os.O_RDWR)
+        os.posix_fallocate(fd, 0, 7 << 20)
+        os.close(fd)
+        held += 7
+    print("held", held, "MB")
+except OSError as err:
+    print("refused at", held, "MB:", err)
+"""
+
+
+@pytest.mark.parametrize("where", ["/dev/shm/hog", "/dev/hog", "/tmp/hog", "/work/hog"])
+def test_fallocate_in_a_sandbox_tmpfs_is_bounded(user, where):
+    """bwrap's /dev (and /dev/shm in it) was a tmpfs with no size limit, outside
+    ``memory_mb`` and ``file_mb``: files of 7 MB each, made with ``posix_fallocate`` and
+    closed, held 2 GB of host memory there. Now /dev is read-only and every writable
+    tmpfs is sized and charged to the run's memory cgroup."""
+    if where.startswith(("/work", "/tmp")):  # the control: the work folders are usable
+        assert "held 7 MB" in user.sandboxed(_HOLD.format(n=1, where=where))["stdout"]
+    out = user.sandboxed(_HOLD.format(n=40, where=where), memory_mb=128)
+    assert "held" not in out["stdout"], out
+    assert out["verdict"] == "memory" or "refused at" in out["stdout"], out
+
+
+def test_memfd_anonymous_files_count_against_the_memory_limit(user):
+    """Anonymous files are in no mount: 60 memfds of 7 MB each (under ``file_mb``) held
+    420 MB past a 128 MB ``memory_mb``. The run's memory cgroup charges them."""
+    hog = ("import os\nfds = []\nfor _ in range({n}):\n    fd = os.memfd_create('hog')\n"
+           "    os.posix_fallocate(fd, 0, 7 << 20)\n    fds.append(fd)\n"
+           "print('held', 7 * len(fds), 'MB')")
+    assert "held 14 MB" in user.sandboxed(hog.format(n=2), memory_mb=128)["stdout"]  # control
+    out = user.sandboxed(hog.format(n=60), memory_mb=128)
+    assert out["verdict"] == "memory" and "held" not in out["stdout"], out
+
+
+def test_system_v_shared_memory_counts_against_the_memory_limit(user):
+    """SysV segments outlive their detach (in the sandbox's IPC namespace): 8 segments
+    of 64 MB, each touched then detached, stay inside ``RLIMIT_AS`` but not the cgroup."""
+    hog = ("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\n"
+           "for _ in range(8):\n    seg = libc.shmget(0, 64 << 20, 0o1600)\n"
+           "    at = libc.shmat(seg, None, 0)\n    ctypes.memset(at, 1, 64 << 20)\n"
+           "    libc.shmdt(ctypes.c_void_p(at))\nprint('held 512 MB')")
+    out = user.sandboxed(hog, memory_mb=128)
+    assert out["verdict"] == "memory" and "held" not in out["stdout"], out
+
+
+def test_an_inode_bomb_counts_against_the_memory_limit(user):
+    """Empty files take no tmpfs blocks, so ``--size`` does not bound them (bubblewrap
+    0.8 sets no inode limit); their kernel memory is charged to the run's cgroup."""
+    bomb = ("import os\nn = 0\ntry:\n    while True:\n"
+            "        os.close(os.open('/work/f%d' % n, os.O_CREAT | os.O_WRONLY))\n"
+            "        n += 1\nexcept OSError as err:\n    print('stopped at', n, err)")
+    out = user.sandboxed(bomb, wall_seconds=60.0, memory_mb=64, cpu_seconds=30)
+    assert out["verdict"] == "memory" or "stopped at" in out["stdout"], out

@@ -140,3 +140,18 @@ def test_without_namespaces_code_refuses_to_run_naming_why_and_the_opt_in(monkey
                 context(step=3))
     finally:
         unavailable.cache_clear()
+
+
+def test_without_a_memory_cgroup_the_sandbox_refuses_naming_why(mode, monkeypatch, tmp_path):
+    """Memory outside the address space (tmpfs files, memfd, SysV segments) is bounded
+    only by the run's memory cgroup: where none can be made, namespaces are refused."""
+    monkeypatch.setenv("GFCR_SANDBOX_CGROUP", str(tmp_path))
+    unavailable.cache_clear()
+    try:
+        assert "is not a cgroup directory with a memory controller" in str(unavailable())
+        with pytest.raises(SandboxUnavailable, match=r"memory cgroup.*isolation=\"unsafe\""):
+            run_python("print(1)", FAST)
+        out = run_python("print(1)", FAST.model_copy(update={"isolation": "unsafe"}))
+        assert (out.verdict, out.stdout) == ("ok", "1\n")  # the opt-in still runs
+    finally:
+        unavailable.cache_clear()

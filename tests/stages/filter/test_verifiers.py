@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gfcr.rollout import col
 from tests.conftest import SUMS
 from stages import CodeTests, Function, Match, MathAnswer, ReasoningGym, Sandbox, TaskScore, Verify
-from stages.filter.verifiers import code_and_tests
+from stages.filter.verifiers import Wrong, code_and_tests
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
 from tests.resources.rollouts import context, rollouts
 
@@ -52,7 +52,8 @@ def test_code_is_run_against_the_tests_in_the_sandbox():
     good = "Here you go:\n```python\ndef square(x):\n    return x * x\n```"
     assert _scores(CodeTests(sandbox=FAST), good, None, meta) == 1.0
     assert _scores(CodeTests(sandbox=FAST), "def square(x):\n    return x + x", None, meta) == 0.0
-    assert _scores(CodeTests(sandbox=FAST), "def square(x) return", None, meta) == 0.0
+    with pytest.raises(Wrong, match="crashed.*SyntaxError"):  # reward 0, with the reason
+        _scores(CodeTests(sandbox=FAST), "def square(x) return", None, meta)
     assert code_and_tests(good, None, meta) == ("def square(x):\n    return x * x\n",
                                                 "assert square(3) == 9\nassert square(-2) == 4")
     assert code_and_tests("print(1)", "assert f() == 1", None) == ("print(1)", "assert f() == 1")

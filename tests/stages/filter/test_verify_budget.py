@@ -4,9 +4,11 @@ whole step ends the run (issue 12, item 7)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from gfcr.helper import call_with_timeout
 from gfcr.rollout import col
 from stages import Verify
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
@@ -19,10 +21,19 @@ def _helpers() -> int:
     return sum(t.name == "gfcr-helper" for t in threading.enumerate())
 
 
-def test_a_hanging_scorer_trips_the_breaker_and_holds_one_thread():
+def _until_the_helper_is_idle() -> None:
+    """The released call returns on its helper when that thread next runs: wait for it
+    (at most 60 s), so that the next test does not find the helper busy."""
+    deadline = time.monotonic() + 60
+    while call_with_timeout(lambda: None, 1.0) != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_hanging_scorer_in_process_trips_the_breaker_and_holds_one_thread():
     completions = ["fine", "hang"] + ["fine"] * 10
     table = rollouts(["g"] * 12, completion=completions)
-    stage = Verify(scorer="tests.resources.scorers:hangs_on_hang", timeout=0.2, breaker=3)
+    stage = Verify(scorer="tests.resources.scorers:hangs_on_hang", timeout=0.2, breaker=3,
+                   worker=False)
     scorers.RELEASE.clear()
     try:
         before = _helpers()
@@ -34,6 +45,7 @@ def test_a_hanging_scorer_trips_the_breaker_and_holds_one_thread():
         assert _helpers() <= max(before, 1)  # one helper for this thread, hung or not
     finally:
         scorers.RELEASE.set()
+        _until_the_helper_is_idle()
     errors = first.table.column(col.SCORE_ERROR).to_pylist()
     assert errors[0] is None and "ran past its limit" in errors[1]
     assert all("an earlier call of the scorer is still running" in e for e in errors[2:4])
@@ -45,11 +57,36 @@ def test_a_hanging_scorer_trips_the_breaker_and_holds_one_thread():
 def test_a_step_stops_scoring_when_its_budget_is_spent():
     table = rollouts(["g"] * 30)
     with pytest.warns(RuntimeWarning, match=r"its time budget of 0.35s is spent"):
-        result = Verify(scorer="tests.resources.scorers:sleepy", budget=0.35).apply(
-            context(), table)
+        result = Verify(scorer="tests.resources.scorers:sleepy", budget=0.35,
+                        worker=False).apply(context(), table)
     errors = result.table.column(col.SCORE_ERROR).to_pylist()
     assert errors[0] is None and errors[-1] == "not scored: its time budget of 0.35s is spent"
     assert errors.count(None) < 30
+
+
+def test_a_hanging_scorer_in_a_worker_costs_a_timeout_a_call_until_the_breaker():
+    """Each hanging call has its worker killed at ``timeout``, so the others are scored;
+    the breaker still stops the step after ``breaker`` failures in a row."""
+    table = rollouts(["g"] * 6, completion=["hang", "fine", "hang", "hang", "fine", "fine"])
+    stage = Verify(scorer="tests.resources.scorers:hangs_on_hang", timeout=1.0, breaker=2)
+    with pytest.warns(RuntimeWarning, match=r"scoring stopped: the scorer failed 2 times"):
+        result = stage.apply(context(), table)
+    errors = result.table.column(col.SCORE_ERROR).to_pylist()
+    assert "worker process was killed" in errors[0] and errors[1] is None
+    assert all("worker process was killed" in e for e in errors[2:4])
+    assert all(e.startswith("not scored: the scorer failed 2 times") for e in errors[4:])
+
+
+def test_a_step_in_a_worker_stops_scoring_when_its_budget_is_spent():
+    """The budget bounds a step's scoring in a worker too: a call still running when it
+    is spent is killed, and the rest is not scored."""
+    stage = Verify(scorer="tests.resources.scorers:hangs_on_hang", timeout=60.0, budget=3.0)
+    Verify(scorer=stage.scorer).apply(context(), rollouts(["g"]))  # a worker loads it
+    with pytest.warns(RuntimeWarning, match=r"its time budget of 3s is spent"):
+        result = stage.apply(context(), rollouts(["g"] * 3, completion=["x", "hang", "x"]))
+    errors = result.table.column(col.SCORE_ERROR).to_pylist()
+    assert errors[0] is None and "worker process was killed" in errors[1]
+    assert errors[2] == "not scored: its time budget of 3s is spent"
 
 
 def test_a_scorer_that_fails_on_every_rollout_ends_the_run(tmp_path):
