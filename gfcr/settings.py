@@ -35,8 +35,8 @@ class Checkpointing(Spec):
 class RewardRange(Spec):
     """The range every reward of a step must lie in, checked after the filters (the
     reward a learner sees is the sum of the stages' components: a verifier's score, a
-    length penalty, ...). A reward outside it is clipped to it (``clip``) or its rollout
-    is dropped from training (``drop``); either way the step warns and records the count
+    length penalty, ...). A reward outside it is clipped to it, and with ``drop`` its
+    rollout is also dropped from training; either way the step warns and records the count
     as the step metric ``reward_out_of_range`` (gfcr.rewards). The default is far wider
     than any shipped scorer's [0, 1] plus penalties, and far inside what float64
     advantages and losses hold (a reward of 1e308 made the weights NaN)."""

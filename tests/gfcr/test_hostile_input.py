@@ -157,9 +157,10 @@ def test_rewards_out_of_range_may_drop_their_rollouts_instead():
     from tests.resources.rollouts import rollouts
 
     table = rollouts(["a", "a", "b", "b"], reward=[0.0, 1.0, 1e308, -1e200])
-    with pytest.warns(RuntimeWarning, match="were dropped from training"):
+    with pytest.warns(RuntimeWarning, match="were clipped to it and dropped from training"):
         out, count = bounded(table, RewardRange(out_of_range="drop"), 3)
     assert count == 2
+    assert out.column(col.REWARD).to_pylist() == [0.0, 1.0, 1e6, -1e6]
     assert out.column(col.KEPT).to_pylist() == [True, True, False, False]
     assert out.column(col.DROPPED_BY).to_pylist()[2:] == ["reward_range"] * 2
 
