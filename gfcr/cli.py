@@ -285,21 +285,21 @@ def replay_what_if(
 
 def _filter_stage(text: str) -> Any:
     """A filter stage config from ``--filter`` text, through the stage registry."""
-    import yaml
     from pydantic import ValidationError
 
+    from gfcr import yamlfile
     from gfcr.stage import lookup
 
     path = Path(text)
     try:
         if path.suffix in (".yaml", ".yml") and path.is_file():
-            data = yaml.safe_load(path.read_text())
+            data = yamlfile.read(path)
         elif "=" in text and not text.lstrip().startswith("{"):
             pairs = [part.partition("=") for part in text.split(",")]
-            data = {k.strip(): yaml.safe_load(v) if v else "" for k, _, v in pairs}
+            data = {k.strip(): yamlfile.load(v, where=k) if v else "" for k, _, v in pairs}
         else:
-            data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+            data = yamlfile.load(text, where="--filter")
+    except yamlfile.YamlRefused as e:
         _fail(f"--filter {text!r} is not valid YAML: {e}")
     if not isinstance(data, dict) or "type" not in data:
         _fail(f"--filter {text!r} must name a filter stage with a 'type', e.g. type=dynamic_sampling")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr import problems as collect
+from gfcr import yamlfile
 from gfcr.pipeline import Pipeline, PipelineError
 
 
@@ -20,7 +21,11 @@ def load(ref: str) -> Pipeline:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise PipelineError([f"no such file: {ref}"], where=ref)
-        return Pipeline.from_yaml(path.read_text(), where=ref)
+        try:
+            text = yamlfile.read_text(path, where=ref)
+        except yamlfile.YamlRefused as err:
+            raise PipelineError([str(err)], where=ref) from None
+        return Pipeline.from_yaml(text, where=ref)
     if path.suffix == ".py":
         if not path.is_file():
             raise PipelineError([f"no such file: {ref}"], where=ref)

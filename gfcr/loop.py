@@ -36,6 +36,7 @@ from gfcr.filters import set_column
 from gfcr.helper import charging
 from gfcr.metrics import rollout_metrics
 from gfcr.problems import tally
+from gfcr.rewards import bounded
 from gfcr.rollout import col
 from gfcr.rounds import first_round, key, name, next_round, shortfall, staleness
 from gfcr.runtime import Call, Runtime, TableRef, context
@@ -101,7 +102,9 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         ref = rt.stash.put(f"{step}/merged-{rounds}", pa.concat_tables(
             [rt.stash.get(ref), rt.stash.get(more)], promote_options="permissive"))
         rounds += 1
-    metrics: dict[str, float] = {"rounds": float(rounds)}
+    table, clipped = bounded(rt.stash.get(ref), rt.pipeline.reward_range, step)
+    ref = rt.stash.put(f"{step}/bounded", table) if clipped else ref
+    metrics: dict[str, float] = {"rounds": float(rounds), "reward_out_of_range": float(clipped)}
     for s in AUGMENT.of(rt.pipeline.stages):
         ref = call(name(s, ctx), _augment_fn(rt, ctx, s), ref)
     trainer = TRAIN.of(rt.pipeline.stages)

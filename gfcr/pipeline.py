@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from gfcr import problems as collect
 
-from gfcr import names
+from gfcr import names, yamlfile
 from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
-from gfcr.settings import Checkpointing, Evaluation  # noqa: F401 (imported from here)
+from gfcr.sizes import check_sizes
+from gfcr.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
+                           RewardRange)
 from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
                         Stage, StageSpec, load_plugins, lookup)
 
@@ -64,6 +66,10 @@ class Pipeline(Spec):
     trains (in this process or on a generate pool), with weights up to that many
     versions old and plans drawn that many steps early (gfcr.rounds); 0 is synchronous.
     Stored in the spec only when set, so older specs keep their hash."""
+    reward_range: RewardRange = RewardRange()
+    """The range of a step's rewards; outside it they are clipped or dropped, with a
+    warning (gfcr.rewards). Stored in the spec only when set, as ``max_staleness``."""
+    nested_numbers: ClassVar[bool] = False  # the task and stages check their own
 
     def __init__(self, **data: Any) -> None:
         collection = collect.active()
@@ -115,6 +121,8 @@ class Pipeline(Spec):
         out["checkpoint"] = self.checkpoint.model_dump(mode="json")
         if self.max_staleness:
             out["max_staleness"] = self.max_staleness
+        if self.reward_range != RewardRange():
+            out["reward_range"] = self.reward_range.model_dump(mode="json")
         return out
 
     def to_yaml(self) -> str:
@@ -122,11 +130,21 @@ class Pipeline(Spec):
 
     @classmethod
     def from_yaml(cls, text: str, *, where: str = "YAML") -> "Pipeline":
-        data = yaml.safe_load(text)
-        if not isinstance(data, dict):
+        """The pipeline of a YAML text (read by gfcr.yamlfile: bounded, duplicate keys
+        refused); its problems name ``where`` and the line."""
+        try:
+            data, lines = yamlfile.load_with_lines(text, where=where)
+        except yamlfile.YamlRefused as err:
+            raise PipelineError([str(err)], where=where) from None
+        if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
             raise PipelineError([f"{where} holds {type(data).__name__}, not a mapping "
                                  "of pipeline fields"], where=where)
-        return cls(**data)
+        with yamlfile.lines(where, lines):
+            try:
+                return cls(**data)
+            except PipelineError as err:  # named by the file, not only the pipeline
+                raise PipelineError(err.problems, where=f"{where} (pipeline "
+                                    f"{data.get('name', '?')!r})") from None
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of the spec, first 16 hex digits."""
@@ -153,7 +171,7 @@ def _resolve(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     data = dict(data)
     for key in COMPONENTS:
         if data.get(key) is not None:
-            data[key] = _resolve_one(key, data[key], key, problems)
+            data[key] = _resolve_one(key, data[key], key, problems, (key,))
     stages = data.get("stages")
     if isinstance(stages, (list, tuple)):
         data["stages"] = tuple(_resolve_stage(i, s, problems) for i, s in enumerate(stages))
@@ -171,15 +189,18 @@ def _resolve_stage(index: int, value: Any, problems: list[str]) -> Any:
     where = f"stages[{index}] {label!r}"
     for kind in STAGE_ORDER:
         if value.get("type") in REGISTRY[kind]:
-            return _resolve_one(kind, value, where, problems)
+            return _resolve_one(kind, value, where, problems, ("stages", index))
     load_plugins()
     known = sorted(t for k in STAGE_ORDER for t in REGISTRY[k])
+    at = yamlfile.where(("stages", index, "type"))
+    where += f" at {at}" if at else ""
     problems.append(f"{where}: unknown stage type {value.get('type')!r}; "
                     f"known: {', '.join(known) or 'none'}")
     return value
 
 
-def _resolve_one(kind: str, value: Any, where: str, problems: list[str]) -> Any:
+def _resolve_one(kind: str, value: Any, where: str, problems: list[str],
+                 path: tuple[Any, ...]) -> Any:
     if isinstance(value, Spec):
         return value
     if not isinstance(value, dict) or "type" not in value:
@@ -193,7 +214,7 @@ def _resolve_one(kind: str, value: Any, where: str, problems: list[str]) -> Any:
     try:
         return cls.model_validate(value)
     except ValidationError as err:
-        problems.extend(f"{where}: {p}" for p in _format_errors(err))
+        problems.extend(f"{where}: {p}" for p in _format_errors(err, path))
         return value
 
 
@@ -228,6 +249,7 @@ def check(p: Pipeline) -> list[str]:
     _check_owners(stages, problems)
     _check_stage_rules(stages, problems)
     check_engine(p.engine, stages, problems)
+    check_sizes(p.task, p.evaluation, stages, problems)
     return problems
 
 
@@ -329,10 +351,9 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
         problems.append(f"{assignment!r}: expected PATH=VALUE, e.g. grpo.lr=1e-3")
         return
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as e:
-        mark = (e.problem if isinstance(e, yaml.MarkedYAMLError) else None) or type(e).__name__
-        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({mark}); quote it, "
+        value = yamlfile.load(raw, where=f"--set {path}") if raw else ""
+    except yamlfile.YamlRefused as e:
+        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({e.problem}); quote it, "
                         f"e.g. --set '{path}=\"...\"'")
         return
     head, _, field = path.partition(".")
@@ -351,7 +372,7 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
         names = [s.get("name") or s.get("type") for s in data["stages"]]
         problems.append(f"{path!r}: no component or stage named {head!r}; stages: "
                         f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation, "
-                        "checkpoint")
+                        "checkpoint, reward_range")
         return
     _set_nested(target, field.split("."), value)
 
@@ -359,6 +380,8 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
 def _override_target(data: dict[str, Any], head: str) -> dict[str, Any] | None:
     if head in (*COMPONENTS, "evaluation", "checkpoint"):
         return data[head]
+    if head == "reward_range":  # stored only when set: its defaults fill what is not given
+        return data.setdefault(head, {})
     for s in data["stages"]:
         if (s.get("name") or s.get("type")) == head:
             return s

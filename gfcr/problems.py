@@ -12,6 +12,7 @@ config raises at once.
 
 from __future__ import annotations
 
+import reprlib
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ from types import FrameType, TracebackType
 from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ValidationError
+
+from gfcr import yamlfile
 
 
 @dataclass
@@ -74,15 +77,28 @@ def defer(model: BaseModel, data: dict[str, Any], err: ValidationError) -> bool:
     return True
 
 
-def format_errors(err: ValidationError) -> list[str]:
-    """One line per pydantic error: ``field 'x': message (got value)``."""
+def format_errors(err: ValidationError, path: tuple[Any, ...] = ()) -> list[str]:
+    """One line per pydantic error: ``field 'x': message (got value)``; in a YAML
+    pipeline being built (gfcr.yamlfile.lines), ``field 'x' at file:line: ...``, where
+    ``path`` is the validated value's own place in the file."""
     out = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        where = f"field {loc!r}: " if loc else ""
-        got = f" (got {e['input']!r})" if e["type"] != "missing" else ""
+        line = yamlfile.where(path + tuple(e["loc"]))
+        where = f"field {loc!r}{f' at {line}' if line else ''}: " if loc else ""
+        got = f" (got {_short(e['input'])})" if e["type"] != "missing" else ""
         out.append(f"{where}{e['msg']}{got}")
     return out
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, built without walking a huge value."""
+    if isinstance(value, int) and abs(value) >= 10**15:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, (dict, list, tuple, set)) and len(value) > 20:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = reprlib.repr(value) if isinstance(value, (dict, list, tuple, set)) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _caller_line(path: str) -> str:

@@ -1,8 +1,11 @@
-"""A pipeline's run settings that are not stages: held-out evaluation and checkpointing."""
+"""A pipeline's run settings that are not stages: held-out evaluation, checkpointing and
+the range of rewards."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from gfcr.stage import Spec
 
@@ -27,3 +30,23 @@ class Checkpointing(Spec):
     """Save after every N steps; 0 saves only after the last step."""
     keep: int = Field(2, ge=1)
     """Complete checkpoints kept per run; older ones are deleted once a newer one is whole."""
+
+
+class RewardRange(Spec):
+    """The range every reward of a step must lie in, checked after the filters (the
+    reward a learner sees is the sum of the stages' components: a verifier's score, a
+    length penalty, ...). A reward outside it is clipped to it, and with ``drop`` its
+    rollout is also dropped from training; either way the step warns and records the count
+    as the step metric ``reward_out_of_range`` (gfcr.rewards). The default is far wider
+    than any shipped scorer's [0, 1] plus penalties, and far inside what float64
+    advantages and losses hold (a reward of 1e308 made the weights NaN)."""
+
+    low: float = Field(-1e6, ge=-1e9, le=1e9)
+    high: float = Field(1e6, ge=-1e9, le=1e9)
+    out_of_range: Literal["clip", "drop"] = "clip"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RewardRange":
+        if self.low > self.high:
+            raise ValueError(f"low={self.low!r} must not be above high={self.high!r}")
+        return self

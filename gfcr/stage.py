@@ -24,9 +24,10 @@ from typing import (Any, Callable, ClassVar, Generic, Iterable, Literal, Protoco
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import field_validator
 
-from gfcr import names, problems, storage
+from gfcr import names, storage
+from gfcr.spec import Spec
 from gfcr.engine import Decision, Engine, Flight, Inflight, SegmentHook
 from gfcr.storage import History, HistorySource
 
@@ -36,21 +37,6 @@ Kind = Literal[StageKind, ComponentKind]
 
 STAGE_ORDER: tuple[StageKind, ...] = ("replay", "control", "generate", "filter", "train")
 """Legal order of stage kinds in a pipeline; a kind may repeat, never go backwards."""
-
-
-class Spec(BaseModel):
-    """Base of every config: strict (unknown fields are errors) and immutable. A field's
-    description is its attribute docstring (``gfcr stages TYPE`` lists them)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
-                              use_attribute_docstrings=True)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            if not problems.defer(self, data, err):  # a .py pipeline being loaded
-                raise
 
 
 class StageSpec(Spec):

@@ -20,6 +20,12 @@ apart from rounding there. The rule compares the spread with float precision, ne
 fixed share of the rewards' level, so adding a constant to every reward leaves the
 advantages of GRPO, Dr. GRPO, RLOO and MC-GRPO unchanged (as the papers' formulas are)
 unless the constant is so large that float64 no longer holds the spread.
+
+No step overflows: each group's rewards are divided by a power of two near their largest
+magnitude before anything is summed or squared (exact in binary floating point, so the
+advantages of ordinary rewards are bit for bit those of the plain formulas), and rewards
+of any finite size up to :data:`MAX_REWARD` give finite advantages; a squared deviation of
+1e200 would otherwise be inf and turn every advantage of its group into 0.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ EPS = 1e-6
 FLAT_ULPS = 16.0
 """A group is flat when max - min <= FLAT_ULPS * float64 eps * max |r| of the group: a
 spread that summing or reordering a few float64 terms can produce by rounding alone."""
+
+MAX_REWARD = float(np.finfo(np.float64).max) / 4
+"""Largest reward magnitude taken: ``r - baseline`` of rewards within it fits a float64
+(the loop clips rewards to the pipeline's ``reward_range`` long before, gfcr.rewards)."""
 
 MAD_EPS = 1e-3
 """Added to the median absolute deviation by ``mc_grpo(scale="mad")`` (the MC-GRPO
@@ -89,31 +99,56 @@ def _groups(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, np.
                          "1-D arrays of one length")
     if not np.all(np.isfinite(rewards)):
         raise ValueError(f"rewards must be finite; got {rewards[~np.isfinite(rewards)][:5]!r}")
+    if np.any(np.abs(rewards) > MAX_REWARD):
+        raise ValueError(f"rewards must be within +-{MAX_REWARD:.3g} for r - baseline to fit "
+                         f"a float64; got {rewards[np.abs(rewards) > MAX_REWARD][:5]!r}")
     _, index = np.unique(group_ids, return_inverse=True)
     return rewards, index.reshape(-1), int(index.max(initial=-1)) + 1
 
 
 class _Grouped(NamedTuple):
-    rewards: np.ndarray   # [N] validated float64
-    centred: np.ndarray   # [N] r - group mean
+    """A batch's groups, in *scaled* units: each group's rewards divided by its ``scale``."""
+
+    scaled: np.ndarray    # [N] r / scale: within [-2, 2]
+    centred: np.ndarray   # [N] (r - group mean) / scale
+    scale: np.ndarray     # [N] the row's group scale, a power of two
     group: np.ndarray     # [N] dense group index
     flat: np.ndarray      # [N] bool: the row's group is flat up to float noise
     sizes: np.ndarray     # [n_groups] float64
 
 
+def _pow2_scale(level: np.ndarray) -> np.ndarray:
+    """A power of two within a factor of two of ``level`` (0.5 where it is 0): dividing by
+    it is exact and brings the largest magnitude into [1, 2)."""
+    _, exponent = np.frexp(level)
+    return np.ldexp(1.0, exponent - 1)
+
+
+def _in_units(eps: float, scale: np.ndarray) -> np.ndarray:
+    """``eps`` in a group's scaled units; inf for groups of subnormal rewards (their
+    advantage is then 0, as ``r / (std + eps)`` of such rewards is to float precision)."""
+    with np.errstate(over="ignore"):
+        return eps / scale
+
+
 def _centred(rewards: np.ndarray, group_ids: np.ndarray) -> _Grouped:
-    """Validated rewards, r - group mean, group index, per-row flat mask and group sizes:
-    the one place every estimator gets its groups and its zero-variance rule from."""
+    """Scaled rewards, (r - group mean) / scale, the scales, group index, per-row flat
+    mask and group sizes: the one place every estimator gets its groups, its overflow
+    guard and its zero-variance rule from."""
     rewards, index, n = _groups(rewards, group_ids)
     sizes = np.bincount(index, minlength=n).astype(np.float64)
-    mean = np.bincount(index, weights=rewards, minlength=n) / np.maximum(sizes, 1)
     hi = np.full(n, -np.inf)
     lo = np.full(n, np.inf)
     np.maximum.at(hi, index, rewards)
     np.minimum.at(lo, index, rewards)
-    level = np.maximum(np.abs(hi), np.abs(lo))
-    flat = (hi - lo) <= FLAT_ULPS * np.finfo(np.float64).eps * level
-    return _Grouped(rewards, rewards - mean[index], index, flat[index], sizes)
+    level = np.maximum(np.abs(hi), np.abs(lo), where=sizes > 0, out=np.zeros(n))
+    scale = _pow2_scale(level)
+    scaled = rewards / scale[index]
+    mean = np.bincount(index, weights=scaled, minlength=n) / np.maximum(sizes, 1)
+    with np.errstate(invalid="ignore"):  # empty groups: inf - inf, never read
+        flat = (hi / scale - lo / scale) <= FLAT_ULPS * np.finfo(np.float64).eps * (
+            level / scale)
+    return _Grouped(scaled, scaled - mean[index], scale[index], index, flat[index], sizes)
 
 
 @advantage("grpo")
@@ -128,7 +163,8 @@ def grpo(rewards: np.ndarray, group_ids: np.ndarray,
     """
     g = _centred(rewards, group_ids)
     var = np.bincount(g.group, weights=g.centred**2, minlength=len(g.sizes))
-    out = g.centred / (np.sqrt(var / np.maximum(g.sizes - 1, 1))[g.group] + EPS)
+    std = np.sqrt(var / np.maximum(g.sizes - 1, 1))[g.group]
+    out = g.centred / (std + _in_units(EPS, g.scale))
     out[g.flat] = 0.0
     return out
 
@@ -146,7 +182,7 @@ def drgrpo(rewards: np.ndarray, group_ids: np.ndarray,
     A flat group gets exactly 0. ``components`` is ignored.
     """
     g = _centred(rewards, group_ids)
-    out = g.centred.copy()
+    out = g.centred * g.scale
     out[g.flat] = 0.0
     return out
 
@@ -166,7 +202,7 @@ def rloo(rewards: np.ndarray, group_ids: np.ndarray,
     """
     g = _centred(rewards, group_ids)
     size = g.sizes[g.group]
-    out = g.centred * size / np.maximum(size - 1, 1)
+    out = g.centred * (size / np.maximum(size - 1, 1)) * g.scale
     out[g.flat | (size < 2)] = 0.0
     return out
 
@@ -190,7 +226,7 @@ def reinforce(rewards: np.ndarray, group_ids: np.ndarray,
     rewards, _, _ = _groups(rewards, group_ids)
     g = _centred(rewards, np.zeros(len(rewards), dtype=np.int64))
     std = np.sqrt(np.mean(g.centred**2)) if len(rewards) else 0.0
-    out = g.centred / (std + EPS)
+    out = g.centred / (std + _in_units(EPS, g.scale))
     out[g.flat] = 0.0
     return out
 
@@ -255,9 +291,12 @@ def mc_grpo(rewards: np.ndarray, group_ids: np.ndarray, components: np.ndarray |
         raise ValueError(f"mc_grpo: scale must be 'none' or 'mad', got {scale!r}")
     g = _centred(rewards, group_ids)
     n = len(g.sizes)
-    out = g.rewards - _group_median(g.rewards, g.group, n)[g.group]
+    out = g.scaled - _group_median(g.scaled, g.group, n)[g.group]
     if scale == "mad":
-        out = out / (_group_median(np.abs(out), g.group, n)[g.group] + MAD_EPS)
+        mad = _group_median(np.abs(out), g.group, n)[g.group]
+        out = out / (mad + _in_units(MAD_EPS, g.scale))
+    else:
+        out = out * g.scale
     out[g.flat] = 0.0
     return out
 
@@ -303,8 +342,9 @@ def gdpo(rewards: np.ndarray, group_ids: np.ndarray, components: np.ndarray | No
     summed = np.asarray(summed, dtype=np.float64)
     if len(summed) < 2:
         return np.zeros_like(summed)
-    std = np.sqrt(np.sum((summed - summed.mean())**2) / (len(summed) - 1))
-    return summed / (std + EPS)
+    g = _centred(summed, np.zeros(len(summed), dtype=np.int64))  # scaled: no overflow
+    std = np.sqrt(np.sum(g.centred**2) / (len(summed) - 1))
+    return g.scaled / (std + _in_units(EPS, g.scale))
 
 
 def reward_components(entries: Sequence[Mapping[str, float] | Sequence[tuple[str, float]]

@@ -30,6 +30,11 @@ _HELDOUT_SEED_OFFSET = 1_000_003
 """The held-out split is drawn from seed + this offset, then stripped of training prompts."""
 _DRAWS_PER_PROMPT = 20
 """Give up after this many draws per requested distinct prompt (a task too small)."""
+_PATIENCE = 1000
+"""Give up, too, once ``_PATIENCE + 2 * found`` draws in a row gave no new prompt: the
+problem space is exhausted (a size it cannot supply fails in seconds, not hours)."""
+_MAX_PROMPTS = 1_000_000
+"""Most prompts a split may ask for (a million draws take about ten minutes)."""
 
 
 @register("task")
@@ -49,9 +54,9 @@ class ReasoningGym(Spec):
     config: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of ``reasoning_gym.create_dataset`` (not seed or size); a key left
     out takes the dataset's own default, so ``{}`` is the dataset as reasoning-gym ships it."""
-    train_size: int = Field(4000, ge=1)
+    train_size: int = Field(4000, ge=1, le=_MAX_PROMPTS)
     """Distinct training prompts drawn."""
-    heldout_size: int = Field(256, ge=1)
+    heldout_size: int = Field(256, ge=1, le=_MAX_PROMPTS)
     """Distinct held-out prompts drawn (none of them a training prompt)."""
     seed: int = 0
     """Seed of the training draw; the held-out draw uses a seed derived from it."""
@@ -75,6 +80,10 @@ class ReasoningGym(Spec):
             raise ValueError(f"config {self.config!r} is invalid for {self.dataset!r}: "
                              f"{err}") from None
         return self
+
+    def prompt_counts(self) -> dict[str, int]:
+        """The prompts each split holds (gfcr.sizes checks a pipeline's demands on them)."""
+        return {"train": self.train_size, "heldout": self.heldout_size}
 
     def _dataset(self, seed: int, size: int) -> Any:
         return reasoning_gym.create_dataset(self.dataset, **self.config, seed=seed, size=size)
@@ -122,13 +131,20 @@ class ReasoningGym(Spec):
         limit = _DRAWS_PER_PROMPT * size + 1000
         dataset = self._dataset(seed, limit)
         rows: list[dict] = []
-        seen = set(exclude)
+        seen, since_new = set(exclude), 0
         for idx in range(limit):
             entry = dataset[idx]
             pid = prompt_id(self.dataset, entry["question"])
             if pid in seen:
+                since_new += 1
+                if since_new > _PATIENCE + 2 * len(rows):
+                    raise ValueError(f"{field}={size!r}: {self.dataset!r} with config "
+                                     f"{self.config!r} gave only {len(rows)} distinct new "
+                                     f"prompts; the last {since_new} draws gave none (lower "
+                                     f"{field} or widen the config)")
                 continue
             seen.add(pid)
+            since_new = 0
             self._cache.setdefault("entries", {})[pid] = entry
             reference = entry.get("answer")  # None: the scorer checks a solution's validity
             rows.append({"prompt_id": pid, "task": self.dataset, "prompt": entry["question"],

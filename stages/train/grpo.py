@@ -68,7 +68,7 @@ class GRPO(StageSpec):
     """
 
     type: Literal["grpo"] = "grpo"
-    lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(1e-4, gt=0.0, le=1.0)
     """Peak learning rate. The ready pipelines use 1e-5 (``pipelines.default.LR``): on the
     embedded default's 0.67M tiny Llama 1e-4 loses ~10 points of held-out accuracy in 10
     steps (BENCHMARKS.md, "Learning")."""

@@ -51,7 +51,7 @@ class SFT(Spec):
     """Optimizer steps."""
     batch_size: int = Field(64, ge=1)
     """(prompt, answer) examples per step."""
-    lr: float = Field(3e-3, gt=0.0)
+    lr: float = Field(3e-3, gt=0.0, le=1.0)
     """Peak learning rate (AdamW)."""
     warmup: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of steps with a linear learning-rate warm-up."""

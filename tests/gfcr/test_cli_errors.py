@@ -22,7 +22,7 @@ from stages import GRPO, HF, DynamicSampling, GroupSample, ReasoningGym, TinyLla
 THREE_MISTAKES = HEADER + """
 pipeline = Pipeline(
     name="three-mistakes",
-    task=ReasoningGym(dataset="chain_sum", train_size=8, heldout_size=2),
+    task=ReasoningGym(dataset="chain_sum", train_size=8, heldout_size=64),
     policy=TinyLlama(hidden_size=32, num_layers=1, num_heads=2),
     engine=HF(),
     stages=[

@@ -16,7 +16,7 @@ import json
 import pytest
 from reasoning_gym.factory import DATASETS
 
-from gfcr import Pipeline
+from gfcr import Evaluation, Pipeline
 from gfcr.inprocess import local_services
 from gfcr.loop import Runtime, run_step
 from gfcr.rollout import col
@@ -88,7 +88,7 @@ def _full_credit(task: ReasoningGym, name: str, row: dict) -> None:
 def _one_step(task: ReasoningGym, shared: dict) -> None:
     pipeline = Pipeline(name="gallery", task=task, policy=TinyLlama(), engine=HF(device="cpu"),
                         stages=[UniformSampler(batch=1), GroupSample(n=2, max_tokens=3),
-                                Verify()])
+                                Verify()], evaluation=Evaluation(size=2))
     engine = shared["engine"]
     rt = Runtime(pipeline=pipeline, task=task, services=local_services(
         engine, engine.policy, None), stash=MemoryStash())
