@@ -59,9 +59,16 @@ held-out prompts answered with full credit, decoded at ``temperature`` (0: greed
 at most ``max_tokens`` tokens. A run evaluated again under the same label (a resume)
 replaces its row."""
 
+VERSIONS_SCHEMA = pa.schema([
+    pa.field("version", pa.int64(), nullable=False),
+    pa.field("applied_at", _TS, nullable=False),
+    pa.field("by", pa.string(), nullable=False),
+])
+"""One row per schema version a store was created at or migrated to (store._versions)."""
+
 TABLES = {"rollouts": ROLLOUT_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA,
-          "evaluations": EVALUATIONS_SCHEMA}
-ADDED_LATER = frozenset({"evaluations"})
+          "evaluations": EVALUATIONS_SCHEMA, "schema_versions": VERSIONS_SCHEMA}
+ADDED_LATER = frozenset({"evaluations", "schema_versions"})
 """Tables a store made by an older gfcr may lack: created when it is next opened for
 writing, and not required to read it."""
 

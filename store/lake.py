@@ -29,9 +29,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.rollout import col
+from gfcr.rollout import col, with_turns
 
-from . import _catalog, _commit, _tables, _validate
+from . import _catalog, _commit, _tables, _validate, _versions
 from ._duck import Catalog, connect, rollback, scalar, with_retry
 from ._guard import ReadOnlyError, check_read_only, excerpt, short
 from ._location import StoreError, redact, resolve
@@ -88,7 +88,11 @@ class RolloutStore:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open store {shown!r}: {exc}") from exc
         try:
-            _tables.prepare(con, shown, writable=not read_only and (create or new))
+            writable = not read_only and (create or new)
+            _versions.check(con, shown)
+            _tables.prepare(con, shown, writable=writable)
+            if writable:
+                with_retry(lambda: _versions.upgrade(con, shown))
             create_views(con)
         except BaseException:
             con.close()
@@ -242,13 +246,15 @@ class RolloutStore:
             con.interrupt()
 
     def read_rollouts(self, where: str | None = None, params: list[Any] | None = None) -> pa.Table:
-        """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns)."""
+        """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns);
+        rows stored before the store had turns (schema version 1) get their single-turn
+        form (gfcr.rollout.with_turns)."""
         query = "SELECT * FROM rollouts" + (f" WHERE {where}" if where else "")
         if len(check_read_only(query)) != 1:
             raise ValueError(f"where clause {where!r} must not contain several statements")
         with self._lock:
             table = self._read().execute(query, params).to_arrow_table()
-        return _tables.as_rollout_schema(table)
+        return _tables.as_rollout_schema(with_turns(table))
 
     def snapshots(self) -> pa.Table:
         """DuckLake's snapshot list (id, time, schema version, changes, author, message)."""

@@ -24,6 +24,14 @@ Definitions (the numbers replay and curriculum stages act on):
 - ``step_metrics``: the ``steps`` table.
 - ``lineage``: per rollout, its parent, who dropped it and why, the step whose update
   consumed it and how often it was replayed.
+- ``turns``: one row per turn of each rollout (``gfcr.rollout.TURN_TYPE``): ``run_id``,
+  ``step``, ``rollout_id``, ``turn`` (0-based), ``role``, ``source``, ``n_tokens``,
+  ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and
+  ``logprob_sum`` (the sum of the turn's behaviour log-probabilities; null for a turn
+  without any, an environment's or a tool's). Rows stored before the store had turns
+  (schema version 1) are shown in their single-turn form, derived from ``prompt_ids``,
+  ``completion_ids``, ``logprobs`` and ``hint_tokens`` as ``gfcr.rollout.single_turns``
+  derives it, so the view reads every version's rows alike.
 """
 
 from __future__ import annotations
@@ -102,8 +110,54 @@ def view_query(name: str, *, rollouts: str = "lake.rollouts", steps: str = "lake
     return VIEWS[name].format(rollouts=rollouts, steps=steps, half_life=float(half_life))
 
 
+_STORED_TURNS = """
+SELECT run_id, step, rollout_id, turn, t.role AS role, t.source AS source,
+       len(t.token_ids)::BIGINT AS n_tokens, t.tool_name AS tool_name,
+       t.tool_error AS tool_error, t.reward AS reward,
+       CASE WHEN t.logprobs IS NOT NULL THEN coalesce(list_sum(t.logprobs), 0.0) END AS logprob_sum
+FROM (SELECT run_id, step, rollout_id, unnest(turns) AS t,
+             (generate_subscripts(turns, 1) - 1)::BIGINT AS turn
+      FROM {rollouts} WHERE turns IS NOT NULL)
+"""
+
+_DERIVED_TURNS = """
+SELECT run_id, step, rollout_id, turn, role, source, n_tokens::BIGINT AS n_tokens,
+       NULL::VARCHAR AS tool_name, NULL::VARCHAR AS tool_error, NULL::DOUBLE AS reward,
+       logprob_sum::DOUBLE AS logprob_sum
+FROM (
+    SELECT run_id, step, rollout_id, 0 AS turn, 'user' AS role, 'environment' AS source,
+           len(prompt_ids) AS n_tokens, NULL AS logprob_sum FROM old
+    UNION ALL
+    SELECT run_id, step, rollout_id, 1, 'assistant', 'forced', h,
+           coalesce(list_sum(logprobs[1:h]), 0.0) FROM old WHERE h > 0
+    UNION ALL
+    SELECT run_id, step, rollout_id, CASE WHEN h > 0 THEN 2 ELSE 1 END, 'assistant', 'policy',
+           len(completion_ids) - h, coalesce(list_sum(logprobs[h + 1:]), 0.0) FROM old
+)
+"""
+
+
+def turns_query(columns: set[str], rollouts: str = "lake.rollouts") -> str:
+    """The ``turns`` view's SQL over ``rollouts``, a table with ``columns``: stored turns
+    where rows have them, the single-turn form derived from the flat columns where not
+    (every row of a store that predates the ``turns`` column)."""
+    hint = "coalesce(hint_tokens, 0)" if "hint_tokens" in columns else "0"
+    null_turns = "WHERE turns IS NULL" if "turns" in columns else ""
+    old = (f"old AS (SELECT *, least(greatest({hint}, 0), len(completion_ids))::BIGINT AS h "
+           f"FROM {rollouts} {null_turns})")
+    derived = f"WITH {old} {_DERIVED_TURNS}"
+    if "turns" not in columns:
+        return derived
+    return f"{derived} UNION ALL {_STORED_TURNS.format(rollouts=rollouts)}"
+
+
 def create_views(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:
     """Create every view as a temporary view over the live tables of lake ``alias``."""
     for name in VIEWS:
         sql = view_query(name, rollouts=f"{alias}.rollouts AS rollouts", steps=f"{alias}.steps AS steps")
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
+    columns = {r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND "
+        "table_name = 'rollouts'", [alias]).fetchall()}
+    con.execute(f"CREATE OR REPLACE TEMP VIEW turns AS "
+                f"{turns_query(columns, f'{alias}.rollouts')}")

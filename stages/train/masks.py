@@ -3,6 +3,11 @@
 Two upstream stages ask the trainer to leave tokens out of the loss, each through an
 extra column, and only when that column is in the batch:
 
+- a row's ``turns`` (:data:`gfcr.rollout.TURN_TYPE`): each assistant turn's ``mask``;
+  tokens of turns without one (an environment's or a tool's) are out of the loss
+  (:func:`gfcr.rollout.loss_mask`). A forced-prefix turn (a hint) is masked out; for a
+  single-turn row the turns are derived from ``hint_tokens`` (:func:`gfcr.rollout.conform`),
+  so both say the same. Rows without turns fall back on ``hint_tokens``:
 - ``hint_tokens`` (int32, :data:`gfcr.rollout.HINT_TOKENS`, ADHint): the first
   ``hint_tokens`` tokens of ``completion_ids`` were forced from the reference answer, not
   sampled by the policy. They stay in the sequence (the policy's later tokens are
@@ -32,19 +37,24 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO
+from gfcr.rollout import D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO, col, loss_mask
 from stages.train.selection import TOKEN_SELECTORS, d3s_tokens
 
 
 def hint_masks(batch: pa.Table, rows: Sequence[int], lengths: Sequence[int],
                *, stage: str = "grpo") -> list[np.ndarray]:
-    """Per selected row, a bool mask over its completion: False on the leading
-    ``hint_tokens`` forced tokens, True elsewhere (all True without the column)."""
-    if HINT_TOKENS not in batch.column_names:
-        return [np.ones(n, bool) for n in lengths]
-    hints = batch.column(HINT_TOKENS).to_pylist()
+    """Per selected row, a bool mask over its completion: its turns' loss mask where it has
+    turns; else False on the leading ``hint_tokens`` forced tokens, True elsewhere (all
+    True without the column)."""
+    turns = batch.column(col.TURNS) if col.TURNS in batch.column_names else None
+    hints = (batch.column(HINT_TOKENS).to_pylist() if HINT_TOKENS in batch.column_names
+             else [0] * batch.num_rows)
     out = []
     for i, n in zip(rows, lengths):
+        trajectory = None if turns is None else turns[int(i)].as_py()
+        if trajectory is not None:
+            out.append(_turn_mask(trajectory, n, int(i), stage))
+            continue
         h = hints[i] or 0
         if h < 0 or h > n:
             raise ValueError(f"{stage}: batch row {int(i)!r} has {HINT_TOKENS}={h!r} but "
@@ -53,6 +63,14 @@ def hint_masks(batch: pa.Table, rows: Sequence[int], lengths: Sequence[int],
         mask[:h] = False
         out.append(mask)
     return out
+
+
+def _turn_mask(turns: list[dict], n: int, row: int, stage: str) -> np.ndarray:
+    mask = np.asarray(loss_mask(turns), bool)
+    if len(mask) != n:
+        raise ValueError(f"{stage}: batch row {row!r} has {len(mask)} completion tokens in "
+                         f"its turns but {n!r} in completion_ids")
+    return mask
 
 
 def keep_ratio(batch: pa.Table, *, stage: str = "grpo") -> float | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import COLUMNS, ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
+from gfcr.rollout import (COLUMNS, ROLLOUT_SCHEMA, TURNS_TYPE, SchemaError, col, conform,
+                          loss_mask, prompt_id)
 
 
 def _row(**changes):
@@ -26,7 +27,7 @@ def test_schema_snapshot():
         "task", "prompt", "answer", "meta", "completion", "prompt_ids", "completion_ids",
         "logprobs", "policy_version_start", "policy_version_end", "finish_reason", "status",
         "reward", "rewards", "score_error", "advantage", "kept", "dropped_by", "drop_reason",
-        "consumed_at_step", "replay_count", "n_tokens", "gen_seconds", "created_at"]
+        "consumed_at_step", "replay_count", "n_tokens", "gen_seconds", "created_at", "turns"]
     assert str(ROLLOUT_SCHEMA.field("rewards").type) == "map<string, double>"
     assert str(ROLLOUT_SCHEMA.field("logprobs").type) == "list<item: float>"
     assert all(c.doc.endswith(".") for c in COLUMNS)
@@ -66,3 +67,35 @@ def test_conform_rejects_nulls_in_required_columns():
     table = pa.Table.from_pylist([_row(completion=None)])
     with pytest.raises(SchemaError, match="'completion' has 1 null"):
         conform(table)
+
+
+def test_conform_gives_a_single_turn_row_its_turns_with_the_hint_as_a_forced_prefix():
+    rows = [_row(rollout_id="a", completion_ids=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3]),
+            _row(rollout_id="b", completion_ids=[6, 7], logprobs=[-1.0, -2.0])]
+    table = pa.Table.from_pylist(rows).drop_columns(["turns"])
+    out = conform(table.append_column("hint_tokens", pa.array([0, 1], pa.int32())))
+    a, b = out.column("turns").to_pylist()
+    assert [(t["role"], t["source"], t["token_ids"]) for t in a] == [
+        ("user", "environment", [1, 2]), ("assistant", "policy", [3, 4, 5])]
+    assert a[0]["logprobs"] is None and a[0]["mask"] is None
+    assert a[1]["logprobs"] == pytest.approx([-0.1, -0.2, -0.3]) and loss_mask(a) == [True] * 3
+    assert [(t["source"], t["token_ids"], t["mask"]) for t in b[1:]] == [
+        ("forced", [6], [False]), ("policy", [7], [True])]
+    assert loss_mask(b) == [False, True]
+    flat = [i for t in b[1:] for i in t["token_ids"]]
+    assert flat == out.column("completion_ids")[1].as_py()  # the turns say what the row says
+
+
+def test_conform_keeps_given_turns_and_fills_only_missing_ones():
+    turns = [{"role": "user", "source": "environment", "token_ids": [1, 2], "logprobs": None,
+              "mask": None, "tool_name": None, "tool_error": None, "reward": None},
+             {"role": "assistant", "source": "policy", "token_ids": [3], "logprobs": [-0.5],
+              "mask": [True], "tool_name": "python", "tool_error": None, "reward": 0.5},
+             {"role": "tool", "source": "tool", "token_ids": [9, 9], "logprobs": None,
+              "mask": None, "tool_name": "python", "tool_error": "Timeout", "reward": None}]
+    table = pa.Table.from_pylist([_row(rollout_id="a"), _row(rollout_id="b")])
+    given = pa.array([turns, None], TURNS_TYPE)
+    out = conform(table.set_column(table.column_names.index("turns"), "turns", given))
+    kept, filled = out.column("turns").to_pylist()
+    assert kept == turns and loss_mask(kept) == [True, False, False]
+    assert [t["source"] for t in filled] == ["environment", "policy"]

@@ -1,5 +1,6 @@
 """Ready pipelines: each registered name loads, validates, round-trips through YAML, has
-its headline operator, and runs a shrunk step."""
+its headline operator, and runs shrunk steps that store the golden rows
+(tests.pipelines.golden)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from gfcr import Pipeline
 from gfcr.loading import load
 from gfcr.run import execute
+from tests.pipelines import golden
 from stages import (D3S, DOTS, VADE, ActivePartialRollouts, ConditionedSample, CrossRunReplay,
                     DynamicSampling, InSight, OnlinePrune, Overlong, PromptGDRO,
                     RecyclePartials, ResampleOnCorrect, RolloutAllocator, RolloutReplay,
@@ -52,9 +54,10 @@ def test_ready_pipeline_loads_validates_and_round_trips(name):
 
 
 def _shrunk(p: Pipeline) -> Pipeline:
-    """The same stages on a 2-prompt batch, a 1-layer policy, no warm start, one step."""
+    """The same stages on a 2-prompt batch, a 1-layer policy, no warm start, the golden
+    runs' steps."""
     data = p.to_dict()
-    data.update(steps=1, warmstart=None,
+    data.update(steps=golden.STEPS, warmstart=None,
                 policy=TinyLlama(hidden_size=32, num_layers=1, num_heads=2,
                                  intermediate_size=64).model_dump())
     data["task"]["train_size"], data["task"]["heldout_size"] = 64, 8
@@ -71,10 +74,12 @@ def _shrunk(p: Pipeline) -> Pipeline:
     return Pipeline(**data)
 
 
-@pytest.mark.parametrize("name", sorted(set(HEADLINES) - NEEDS_SOURCE))
-def test_ready_pipeline_runs_a_step(name, tmp_path):
-    summary = execute(_shrunk(load(name)), root=tmp_path, executor="local")
-    assert summary.steps == 1 and summary.rollouts > 0
+@pytest.mark.parametrize("name", ["default", *sorted(set(HEADLINES) - NEEDS_SOURCE)])
+def test_ready_pipeline_runs_and_stores_the_golden_rows(name, tmp_path):
+    summary = execute(_shrunk(load(name)), root=tmp_path, executor="local",
+                      run_id=golden.RUN_ID)
+    assert summary.steps == golden.STEPS and summary.rollouts > 0
+    golden.check("hf", name, tmp_path / "store")
 
 
 def test_cross_run_pipeline_runs_a_step_replaying_another_store(tmp_path):
@@ -85,8 +90,9 @@ def test_cross_run_pipeline_runs_a_step_replaying_another_store(tmp_path):
         source.commit_step("earlier", 0, make_rollouts(8, run_id="earlier"), policy_version=3,
                            metrics={})
     p = _shrunk(load("cross_run")).with_overrides([f"cross_run_replay.source={tmp_path / 'source'}"])
-    summary = execute(p, root=tmp_path / "run", executor="local")
-    assert summary.steps == 1 and summary.history[0]["replay/rows"] == 8
+    summary = execute(p, root=tmp_path / "run", executor="local", run_id=golden.RUN_ID)
+    assert summary.steps == golden.STEPS and summary.history[0]["replay/rows"] == 8
+    golden.check("hf", "cross_run", tmp_path / "run" / "store")
     with RolloutStore.open(tmp_path / "run" / "store", read_only=True) as s:
         rows = s.sql("SELECT parent_id, replay_source FROM rollouts WHERE replay_count > 0").to_pylist()
     assert {r["parent_id"] for r in rows} == {f"earlier/0/{i}" for i in range(8)}

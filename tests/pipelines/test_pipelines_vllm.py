@@ -1,5 +1,6 @@
-"""Every ready pipeline runs a step on the vLLM engine (vLLM's CPU build here), unchanged
-but for the engine and a policy shape vLLM's CPU attention runs (head size 32).
+"""Every ready pipeline runs shrunk steps on the vLLM engine (vLLM's CPU build here),
+unchanged but for the engine and a policy shape vLLM's CPU attention runs (head size 32),
+and stores the golden rows (tests.pipelines.golden).
 
 The tests share started ``vllm.LLM`` objects (tests.resources.vllm.LLMPool): every run
 here has the same engine configuration, so the module starts one LLM and each later run
@@ -16,6 +17,7 @@ import torch
 from gfcr import Pipeline
 from gfcr.loading import load
 from gfcr.run import execute
+from tests.pipelines import golden
 from tests.pipelines.test_pipelines import HEADLINES, NEEDS_SOURCE, _shrunk
 from gfcr.engine import GenRequest, SamplingParams
 from stages.engines.hf import token_logprobs
@@ -43,9 +45,11 @@ def _on_vllm(p: Pipeline) -> Pipeline:
 
 
 @pytest.mark.parametrize("name", ["default", *sorted(set(HEADLINES) - NEEDS_SOURCE)])
-def test_ready_pipeline_runs_a_step_on_vllm(name: str, tmp_path: Any) -> None:
-    summary = execute(_on_vllm(load(name)), root=tmp_path, executor="local")
-    assert summary.steps == 1 and summary.rollouts > 0
+def test_ready_pipeline_stores_the_golden_rows_on_vllm(name: str, tmp_path: Any) -> None:
+    summary = execute(_on_vllm(load(name)), root=tmp_path, executor="local",
+                      run_id=golden.RUN_ID)
+    assert summary.steps == golden.STEPS and summary.rollouts > 0
+    golden.check("vllm", name, tmp_path / "store")
 
 
 def test_cross_run_pipeline_runs_a_step_on_vllm(tmp_path: Any) -> None:
@@ -57,8 +61,9 @@ def test_cross_run_pipeline_runs_a_step_on_vllm(tmp_path: Any) -> None:
                            metrics={})
     p = _on_vllm(load("cross_run")).with_overrides(
         [f"cross_run_replay.source={tmp_path / 'source'}"])
-    summary = execute(p, root=tmp_path / "run", executor="local")
-    assert summary.steps == 1 and summary.history[0]["replay/rows"] == 8
+    summary = execute(p, root=tmp_path / "run", executor="local", run_id=golden.RUN_ID)
+    assert summary.steps == golden.STEPS and summary.history[0]["replay/rows"] == 8
+    golden.check("vllm", "cross_run", tmp_path / "run" / "store")
 
 
 def test_engine_can_be_chosen_from_the_command_line_spelling() -> None:
@@ -102,6 +107,6 @@ def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> N
                            SamplingParams(max_tokens=4))[0].completion_ids
     llm_pool.release()  # the run below builds its own engine
     data: dict[str, Any] = _on_vllm(load("default")).to_dict()
-    data["engine"] = spec.model_dump()
+    data.update(engine=spec.model_dump(), steps=1)
     summary = execute(Pipeline(**data), root=tmp_path, executor="local")
     assert summary.steps == 1 and summary.rollouts > 0

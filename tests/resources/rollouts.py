@@ -35,6 +35,7 @@ def rollouts(groups: list[str], reward: list[float | None] | None = None, **colu
         col.CONSUMED_AT_STEP: [None] * n, col.REPLAY_COUNT: [0] * n,
         col.N_TOKENS: [len(c) for c in completions], col.GEN_SECONDS: [0.1] * n,
         col.CREATED_AT: [datetime(2025, 1, 1, tzinfo=timezone.utc)] * n,
+        col.TURNS: [None] * n,
     }
     extra = {k: v for k, v in columns.items() if k not in base}
     base.update({k: v for k, v in columns.items() if k in base})

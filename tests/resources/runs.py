@@ -93,7 +93,7 @@ def _rows(run_id: str, step: int, n: int, rng: np.random.Generator, *, stale: in
         "dropped_by": ["verify" if i < timeouts else None for i in range(n)],
         "drop_reason": ["score_error" if i < timeouts else None for i in range(n)], "consumed_at_step": [step] * n,
         "replay_count": [1 if r else 0 for r in replayed], "n_tokens": [2] * n,
-        "gen_seconds": [0.01] * n, "created_at": [now] * n,
+        "gen_seconds": [0.01] * n, "created_at": [now] * n, "turns": [None] * n,
     }, schema=ROLLOUT_SCHEMA)
 
 

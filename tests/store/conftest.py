@@ -55,6 +55,7 @@ def make_rollouts(n: int, *, run_id: str = "run", step: int = 0, group_size: int
         col.N_TOKENS: [3] * n,
         col.GEN_SECONDS: [0.01 * i for i in range(n)],
         col.CREATED_AT: [T0 + timedelta(seconds=step * 60 + i) for i in range(n)],
+        col.TURNS: [None] * n,
     }
     extra = {k: v for k, v in columns.items() if k not in data}
     data.update({k: v for k, v in columns.items() if k in data})

@@ -1,5 +1,5 @@
-"""Loss masks in the learner: forced hint tokens (ADHint) and D³S's token share; D³S's
-whole-group advantages."""
+"""Loss masks in the learner: forced hint tokens (ADHint), as a column or as a
+forced-prefix turn, and D³S's token share; D³S's whole-group advantages."""
 
 import math
 
@@ -84,6 +84,26 @@ def test_a_fully_hinted_row_is_not_trained_and_too_many_hints_raise():
     with pytest.raises(ValueError, match=r"grpo: batch row 0 has hint_tokens=5 but 4 "):
         learner.update(None, rollouts(policy, REWARDS[:4], GROUPS[:4], completions=LONG,
                                       hint_tokens=[5, 0, 0, 0]))
+
+
+def test_a_forced_prefix_turn_trains_as_hint_tokens_do():
+    """The hint as a forced-prefix turn (gfcr.rollout.TURN_TYPE), with no hint_tokens
+    column, gives the learner the gradient the hint_tokens column gives."""
+    from gfcr.rollout import with_turns
+
+    policy = TINY.build(seed=0)
+    hinted = rollouts(policy, REWARDS, GROUPS, completions=LONG, hint_tokens=HINTS)
+    as_turns = with_turns(hinted).drop_columns(["hint_tokens"])
+    assert [t["source"] for t in as_turns.column("turns")[0].as_py()] == [
+        "environment", "forced", "policy"]
+    learner = GRPO().learner(policy, seed=0)
+    learner.loss_and_gradients(None, hinted)
+    first = grads(policy.model)
+    learner.loss_and_gradients(None, as_turns)
+    for a, b in zip(first, grads(policy.model)):
+        assert torch.equal(a, b)
+    learner.loss_and_gradients(None, hinted.drop_columns(["hint_tokens"]))
+    assert any(not torch.equal(a, b) for a, b in zip(first, grads(policy.model)))
 
 
 def test_d3s_keeps_the_share_of_tokens_with_the_largest_advantage_times_entropy():
