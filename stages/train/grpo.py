@@ -119,6 +119,9 @@ class GRPO(StageSpec):
     token_selector: str = "d3s"
     """Name in the token-selector registry (stages.train.selection) that picks the loss
     tokens when the batch carries a ``token_keep_ratio`` below 1 (D³S writes one)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward instead of keeping them
+    (transformers' gradient checkpointing): less memory for about one more forward."""
 
     reads: ClassVar[frozenset[str]] = frozenset(
         {col.REWARD, col.GROUP_ID, col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS})

@@ -28,12 +28,12 @@ from gfcr.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy
 from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
-from stages.train.batching import pack, padded
+from stages.train.batching import pack, padded, padded_rows as _rows
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
+from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
                                truncated_is_weights)
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
-
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class LearnerOptions:
     entropy_coef: float
     tis_cap: float | None
     token_selector: str = "d3s"
+    gradient_checkpointing: bool = False
 
 @dataclass
 class _Work:
@@ -96,11 +97,20 @@ class GRPOLearner:
         problem = bf16_problem(self.device) if spec.precision == "bf16" else None
         if problem:
             raise ValueError(f"stage {spec.label!r}: precision='bf16': {problem}")
+        if spec.gradient_checkpointing:
+            checkpoint_layers(policy.model, spec.label)
 
     # ------------------------------------------------------------------ update
 
     def update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
-        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps."""
+        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps; the
+        step's peak memory in the metrics (:mod:`stages.train.memory`)."""
+        with PeakMemory(self.device) as peak:
+            result = self._update(ctx, batch)
+        result.metrics.update(peak.metrics())
+        return result
+
+    def _update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
         rewards = _rewards(batch, self.spec.label)
         adv = self._advantages(batch, rewards)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
@@ -376,11 +386,6 @@ def _norm(work: _Work, spec: LearnerOptions) -> int | None:
     if spec.aggregation != "seq_mean_token_sum_norm":
         return None
     return spec.norm_tokens or max(len(c) for c in work.completions)
-
-
-def _rows(values: list[np.ndarray] | None, part: list[int], width: int,
-          device: torch.device) -> torch.Tensor | None:
-    return None if values is None else padded([values[i] for i in part], width, device=device)
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -92,6 +92,8 @@ class SFT(Spec):
             "sft": self.model_dump(mode="json"),
             "seed": seed,
         }
+        if hasattr(policy.tokenizer, "encode_prompt"):  # a chat template and system message
+            parts["prompt_template"] = encode_prompt(policy.tokenizer, "{prompt}")
         canonical = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
