@@ -120,6 +120,7 @@ def run_gfcr(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             "accuracy_start": summary.accuracy_warmstart, "accuracy_final": summary.accuracy_after,
             "step_seconds": [m.get("step_seconds", 0.0) for m in hist],
             "peak_memory_mb": [m.get("peak_memory_mb", 0.0) for m in hist],
+            "n_seqs": [m.get("n_seqs", 0.0) for m in hist],
             "reward_mean": [m.get("reward_mean", 0.0) for m in hist],
             "tokens": tokens, "generate_seconds": gen_s,
             "run_seconds": time.perf_counter() - started}
@@ -127,8 +128,8 @@ def run_gfcr(args: argparse.Namespace, engine: str) -> dict[str, Any]:
 
 def run_generate(args: argparse.Namespace) -> dict[str, Any]:
     """The HF engine against transformers' ``model.generate`` on the same left-padded
-    chat prompts (held-out), temperature 1, ``--gen-tokens`` new tokens (EOS ignored by
-    neither: both stop a row at EOS): tokens per second and peak resident memory."""
+    chat prompts (held-out), temperature 1, at most ``--gen-tokens`` new tokens, both
+    stopping a row at EOS: tokens per second and peak resident memory."""
     import torch
 
     from gfcr.engine import GenRequest, SamplingParams, encode_prompt
@@ -221,10 +222,13 @@ def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                                                       1e-9) for e in ("hf", "vllm") if by[e]}
     out["tokens_per_second"] = rate
     out["vllm_vs_hf"] = rate["vllm"] / rate["hf"] if len(rate) == 2 else None
-    step = {e: statistics.fmean(s for r in by[e] for s in r["step_seconds"][1:])
-            for e in ("hf", "trl") if by[e] and any(len(r["step_seconds"]) > 1 for r in by[e])}
-    peak = {e: max(p for r in by[e] for p in r["peak_memory_mb"]) for e in ("hf", "trl")
-            if by[e]}
+    # steps after the first that trained (a gfcr step whose groups all lack signal skips
+    # the update; TRL always runs one): wall seconds and peak memory
+    trained = {e: [(s, p) for r in by[e] for s, p in list(zip(r["step_seconds"],
+                                                               r["peak_memory_mb"]))[1:] if p]
+               for e in ("hf", "trl")}
+    step = {e: statistics.fmean(s for s, _ in v) for e, v in trained.items() if v}
+    peak = {e: max(p for _, p in v) for e, v in trained.items() if v}
     out["step_seconds"], out["peak_memory_mb"] = step, peak
     out["vs_trl_step_time"] = step["hf"] / step["trl"] if len(step) == 2 else None
     out["vs_trl_peak_memory"] = peak["hf"] / peak["trl"] if len(peak) == 2 else None

@@ -79,7 +79,7 @@ def completion_scores(model: Any, prompts: list[list[int]], completions: list[li
     ent = None
     if entropy is not None:
         ent = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        ent[mask] = torch.cat([p[1] for p in parts]) if parts else lp
+        ent[mask] = torch.cat([e for _, e in parts if e is not None]) if parts else lp
     return logprobs, mask, ent
 
 

@@ -110,8 +110,8 @@ def convert(src: Path, dest: Path) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
-                                                 dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                      dtype=torch.float32)
     # the weights are plain float32 now; a config that still names GGUF quantization
     # makes save_pretrained refuse and from_pretrained look for the GGUF file
     if hasattr(model.config, "quantization_config"):
