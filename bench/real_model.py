@@ -119,9 +119,9 @@ def run_gfcr(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     return {"engine": engine, "seed": args.seed, "accuracy_raw": summary.accuracy_before,
             "accuracy_start": summary.accuracy_warmstart, "accuracy_final": summary.accuracy_after,
             "step_seconds": [m.get("step_seconds", 0.0) for m in hist],
-            "peak_memory_mb": [m.get("peak_memory_mb", 0.0) for m in hist],
-            "n_seqs": [m.get("n_seqs", 0.0) for m in hist],
-            "reward_mean": [m.get("reward_mean", 0.0) for m in hist],
+            "peak_memory_mb": [m.get("train/peak_memory_mb", 0.0) for m in hist],
+            "n_seqs": [m.get("train/n_seqs", 0.0) for m in hist],
+            "reward_mean": [m.get("train/reward_mean", 0.0) for m in hist],
             "tokens": tokens, "generate_seconds": gen_s,
             "run_seconds": time.perf_counter() - started}
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from gfcr.engine import GenRequest, SamplingParams, encode_prompt, stop_token_ids
 from stages.engines import smollm2
 from stages.engines.hf import HF, batch_token_logprobs
+from stages.engines.tiny import HFTokenizer
 from store import RolloutStore
 
 SYSTEM = "Reply with only the number."
@@ -88,17 +89,20 @@ def test_a_missing_wheel_names_the_extra(monkeypatch: pytest.MonkeyPatch,
 def test_prompts_go_through_the_chat_template_and_eos_ends_the_turn(policy: Any) -> None:
     tok = policy.tokenizer
     assert stop_token_ids(tok) == {2} and tok.hf.convert_ids_to_tokens(2) == "<|im_end|>"
-    ids = encode_prompt(tok, PROMPTS[0])
-    text = tok.hf.decode(ids)
+    text = tok.hf.decode(encode_prompt(tok, PROMPTS[0]))
     assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
     assert text.endswith(f"{PROMPTS[0]}<|im_end|>\n<|im_start|>assistant\n")
+    # the template's own system message: this prompt is answered "3 + 4 = 7" then EOS
+    plain = HFTokenizer(tok.hf, policy.model, chat=True)
+    ids = encode_prompt(plain, "What is 3 + 4? Answer with only the number.")
+    assert plain.hf.decode(ids).startswith("<|im_start|>system\nYou are a helpful AI")
     engine = HF(device="cpu").build(policy, seed=0)
     out = engine.generate([GenRequest(key=0, prompt_ids=ids)],
-                          SamplingParams(temperature=0.0, max_tokens=24))[0]
-    assert out.finish_reason == "stop" and out.completion_ids[-1] == 2
-    assert 1 < len(out.completion_ids) < 24
-    assert "<|im_end|>" not in engine.decode(out.completion_ids)
-    assert "7" in engine.decode(out.completion_ids)
+                          SamplingParams(temperature=0.0, max_tokens=16))[0]
+    answer = engine.decode(out.completion_ids)
+    assert out.finish_reason == "stop" and out.completion_ids[-1] == 2, answer
+    assert 1 < len(out.completion_ids) < 16 and "<|im_end|>" not in answer
+    assert answer.strip().endswith("7")
 
 
 def _check_logprobs(policy: Any, requests: list[GenRequest], outs: list[Any],
@@ -125,7 +129,7 @@ def test_a_pipeline_step_on_the_hf_engine_stores_the_engines_tokens(
                         stages=[UniformSampler(batch=2), GroupSample(n=2, max_tokens=5),
                                 Verify(), GRPO(lr=1e-6, micro_batch=4)])
     summary = execute(pipeline, root=tmp_path, executor="local")
-    assert summary.history[0]["peak_memory_mb"] > 0
+    assert summary.history[0]["train/peak_memory_mb"] > 0
     with RolloutStore.open(tmp_path / "store", read_only=True) as store:
         rows = store.sql("SELECT prompt, prompt_ids, completion_ids, logprobs, completion, "
                          "finish_reason FROM rollouts").to_pylist()
