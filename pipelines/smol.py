@@ -15,8 +15,9 @@ answers (batch 16, lr 3e-5) teach it to answer with the number and end its turn,
 which it is right on 40% of held-out prompts greedily and samples the right answer 33% of
 the time at temperature 1: weak but not hopeless, so a group of 4 usually has signal.
 
-Cost here (2 shared cores): the warm start takes about 8 minutes once (cached), a GRPO
-step of 8 prompts x 4 samples about 30-60 s.
+Cost here (2 shared cores, load 36-67): the warm start took 8 minutes once (cached); a
+GRPO step of 4 prompts x 4 samples took 10-70 s (bench/real_model.py, BENCHMARKS.md), so
+a step of 8 prompts about twice that.
 """
 
 from gfcr import Evaluation, Pipeline
