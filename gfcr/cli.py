@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr import cli_deploy, cli_workers
+from gfcr import cli_deploy, cli_model, cli_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -196,10 +196,10 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
         err.print(note)
     print_table(table, fmt, out, keep=("run_id",))
 
-
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
 app.command("engine-worker")(cli_workers.engine_worker)
+app.add_typer(cli_model.app, name="model")
 
 
 store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout store.")

@@ -248,7 +248,8 @@ class Engine(Protocol):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """The little of a tokenizer the runtime needs."""
+    """The little of a tokenizer the runtime needs. Optional: ``encode_prompt(text)``
+    (see :func:`encode_prompt`) and ``stop_token_ids`` (see :func:`stop_token_ids`)."""
 
     eos_token_id: int
     pad_token_id: int
@@ -256,6 +257,24 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+
+def encode_prompt(coder: Any, text: str) -> list[int]:
+    """The ids of a task's prompt as the policy sees it. ``coder`` is an engine or a
+    tokenizer; one with an ``encode_prompt`` method (a chat model's tokenizer: the prompt
+    as a user message through the model's chat template, generation prompt added) uses
+    it, any other plain ``encode``. Every stage that turns a prompt into ids calls this,
+    so generation, evaluation and the warm start see the same ids."""
+    own = getattr(coder, "encode_prompt", None)  # getattr: optional on Tokenizer/Engine
+    return list(own(text)) if own is not None else list(coder.encode(text))
+
+
+def stop_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The token ids that end a completion: ``eos_token_id`` and, where the tokenizer has
+    them, its ``stop_token_ids`` (a chat model's end-of-turn tokens from its generation
+    config)."""
+    extra = getattr(tokenizer, "stop_token_ids", ())  # getattr: optional on Tokenizer
+    return frozenset({int(tokenizer.eos_token_id), *map(int, extra)})
 
 
 class TensorIO(Protocol):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from gfcr.engine import Decision, Engine, GenRequest, Inflight, SamplingParams
+from gfcr.engine import Decision, Engine, GenRequest, Inflight, SamplingParams, encode_prompt
 from gfcr.problems import tally
 from gfcr.rollout import col
 
@@ -47,7 +47,7 @@ def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
     """Greedy accuracy on held-out prompts: ``accuracy``, ``n`` (prompts), ``errors``
     (the scorer's distinct errors, each once with its count: ``(message, count)``)."""
     rows = prompts.to_pylist()
-    requests = [GenRequest(key=i, prompt_ids=engine.encode(r[col.PROMPT]))
+    requests = [GenRequest(key=i, prompt_ids=encode_prompt(engine, r[col.PROMPT]))
                 for i, r in enumerate(rows)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop,
                             segment_tokens=max_tokens)

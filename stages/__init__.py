@@ -11,6 +11,7 @@ from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.engines.hf import HF
 from stages.engines.vllm import VLLM
+from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
 from stages.filter.d3s import D3S
 from stages.filter.dynamic import DynamicSampling
@@ -40,4 +41,4 @@ __all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
-           "CrossRunReplay"]
+           "CrossRunReplay", "SmolLM2"]

@@ -9,13 +9,33 @@ position, of the raw logits for ``T == 0``, in float32; padding positions hold 0
 ``mask`` false. The prompts' longest common token prefix is run once and its KV cache
 repeated over the batch (the shared-prefix forward of "Prefix Grouper", 2025) when that
 pays; otherwise one right-padded pass.
+
+At a real vocabulary (SmolLM2: 49,152 entries) the logits are most of the memory: a
+batch of 64 completions of 256 tokens holds 3.2 GB of float32 logits, and autograd keeps
+them (and their log-softmax) for the backward. So :func:`completion_logprobs` never
+builds them for the whole batch: it runs the model's body for the hidden states, keeps
+only the completion tokens' rows, and applies the output layer ``chunk_tokens`` rows at a
+time, each chunk under activation checkpointing when grad is on (its logits are rebuilt
+in the backward, as in Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024), so
+at most one chunk's float32 logits exist at once. Models whose logits are not a plain
+linear map of the last hidden state (softcapping, logit scales) take the full-logits
+path.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_TOKENS = 256
+"""Completion tokens whose full-vocabulary logits exist at once (49,152 x 256 float32 is
+50 MB)."""
+_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                         "phi3", "olmo", "olmo2", "smollm3", "gemma"})
+"""Model types whose logits are ``lm_head(last hidden state)`` and nothing more."""
+Entropy = Callable[[torch.Tensor], torch.Tensor]
 
 
 def log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -29,9 +49,78 @@ def completion_logprobs(model: Any, prompts: list[list[int]], completions: list[
                         temperature: float = 1.0, pad_id: int = 0
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs, mask)``, both ``[B, longest completion]``: each completion token's
-    logprob under the convention, 0 on padding. Differentiable when grad is enabled."""
-    logits, targets, mask = completion_logits(model, prompts, completions, temperature, pad_id)
-    return gather_logprobs(logits, targets, mask), mask
+    logprob under the convention, 0 on padding. Differentiable when grad is enabled.
+    Full-vocabulary logits exist for at most ``CHUNK_TOKENS`` tokens at once."""
+    logprobs, mask, _ = completion_scores(model, prompts, completions, temperature, pad_id)
+    return logprobs, mask
+
+
+def completion_scores(model: Any, prompts: list[list[int]], completions: list[list[int]],
+                      temperature: float = 1.0, pad_id: int = 0, *,
+                      entropy: Entropy | None = None, chunk_tokens: int = CHUNK_TOKENS
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(logprobs, mask, entropies or None)``, each ``[B, longest completion]`` and 0 on
+    padding: :func:`completion_logprobs` plus, when ``entropy`` is given (it maps ``[N,
+    V]`` scaled logits to ``[N]``), the entropy of each token's next-token distribution.
+    Computed from the hidden states ``chunk_tokens`` completion tokens at a time."""
+    head = _plain_head(model)
+    if head is None:
+        logits, targets, mask = completion_logits(model, prompts, completions,
+                                                  temperature, pad_id)
+        ent = None if entropy is None else entropy(logits).masked_fill(~mask, 0.0)
+        return gather_logprobs(logits, targets, mask), mask, ent
+    hidden, targets, mask = _completion_rows(model, head, prompts, completions, pad_id)
+    rows, wanted = hidden[mask], targets[mask]
+    parts = [_score_chunk(head, rows[at:at + chunk_tokens], wanted[at:at + chunk_tokens],
+                          temperature, entropy) for at in range(0, len(rows), chunk_tokens)]
+    lp = torch.cat([p[0] for p in parts]) if parts else rows.new_zeros(0, dtype=torch.float32)
+    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    logprobs[mask] = lp
+    ent = None
+    if entropy is not None:
+        ent = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        ent[mask] = torch.cat([e for _, e in parts if e is not None]) if parts else lp
+    return logprobs, mask, ent
+
+
+def _plain_head(model: Any) -> torch.nn.Linear | None:
+    """The output layer when the logits are ``head(body(ids))`` and nothing else, so the
+    body can be run alone (``model.<base_model_prefix>``); None otherwise."""
+    config = getattr(model, "config", None)  # getattr: any module with the call convention
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD:
+        return None
+    head = model.get_output_embeddings()
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    return head if isinstance(head, torch.nn.Linear) and body is not None else None
+
+
+def _score_chunk(head: torch.nn.Linear, rows: torch.Tensor, targets: torch.Tensor,
+                 temperature: float, entropy: Entropy | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs (and entropies) of one chunk of completion tokens; under checkpointing
+    when grad is on, so its float32 logits are freed and rebuilt in the backward."""
+    def run(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = head(h).float()
+        scaled = logits / temperature if temperature > 0 else logits
+        lp = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+        return (lp,) if entropy is None else (lp, entropy(scaled))
+
+    out = (checkpoint(run, rows, use_reentrant=False) if torch.is_grad_enabled()
+           and rows.requires_grad else run(rows))
+    return out[0], (out[1] if entropy is not None else None)
+
+
+def _completion_rows(model: Any, head: torch.nn.Linear, prompts: list[list[int]],
+                     completions: list[list[int]], pad_id: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(hidden, targets, mask)``: the last hidden state predicting each completion
+    token ``[B, T, H]``, the token ids and the mask of real tokens, both ``[B, T]``."""
+    body = getattr(model, model.base_model_prefix)  # getattr: transformers' own naming
+    out, where, k = _forward(body, prompts, completions, pad_id)
+    hidden = out.last_hidden_state
+    picked = hidden.gather(1, where[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    targets, mask = _targets(completions, where.device)
+    return picked, targets, mask
 
 
 _MIN_SHARED = 8
@@ -44,7 +133,21 @@ def completion_logits(model: Any, prompts: list[list[int]], completions: list[li
     """``(logits / T, targets, mask)``: float32 logits ``[B, T, V]`` predicting each
     completion token (divided by ``T`` unless ``T == 0``), the token ids ``[B, T]`` and
     the mask of real tokens ``[B, T]``. Shared-prefix forward where it pays (see
-    :func:`sequence_logprobs`), one right-padded pass otherwise."""
+    :func:`sequence_logprobs`), one right-padded pass otherwise. The whole batch's
+    logits: for diagnostics and tests; training uses :func:`completion_scores`."""
+    out, where, _ = _forward(model, prompts, completions, pad_id)
+    logits = out.logits
+    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+    targets, mask = _targets(completions, where.device)
+    scaled = picked / temperature if temperature > 0 else picked
+    return scaled, targets, mask
+
+
+def _forward(model: Any, prompts: list[list[int]], completions: list[list[int]],
+             pad_id: int) -> tuple[Any, torch.Tensor, int]:
+    """``(output, where, k)``: one forward pass over prompt + completion (after a shared
+    prefix of ``k`` tokens run once, when that pays) and, per completion token, the
+    position of the output that predicts it ``[B, T]``."""
     if len(prompts) != len(completions):
         raise ValueError(f"completion_logits: {len(prompts)!r} prompts but "
                          f"{len(completions)!r} completions")
@@ -59,19 +162,23 @@ def completion_logits(model: Any, prompts: list[list[int]], completions: list[li
         positions = torch.arange(k, k + width, device=device).expand(len(prompts), -1)
         out = model(input_ids=ids.to(device), attention_mask=attn.to(device),
                     position_ids=positions, past_key_values=cache, use_cache=True)
-    logits = out.logits
     n_out = max((len(c) for c in completions), default=0)
     # completion token j of row i is predicted at suffix position len(prompt_i) - k - 1 + j
     starts = torch.tensor([len(p) - k - 1 for p in prompts], device=device)
     where = (starts[:, None] + torch.arange(n_out, device=device)[None, :]).clamp(max=width - 1)
-    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
-    targets = torch.zeros((len(prompts), n_out), dtype=torch.long)
-    mask = torch.zeros((len(prompts), n_out), dtype=torch.bool)
+    return out, where, k
+
+
+def _targets(completions: list[list[int]], device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded completion ids and their mask of real tokens, both ``[B, T]``."""
+    n_out = max((len(c) for c in completions), default=0)
+    targets = torch.zeros((len(completions), n_out), dtype=torch.long)
+    mask = torch.zeros((len(completions), n_out), dtype=torch.bool)
     for i, c in enumerate(completions):
         targets[i, :len(c)] = torch.tensor(list(c), dtype=torch.long)
         mask[i, :len(c)] = True
-    scaled = picked / temperature if temperature > 0 else picked
-    return scaled, targets.to(device), mask.to(device)
+    return targets.to(device), mask.to(device)
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor,
@@ -86,7 +193,9 @@ def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
     """``(k, cache)``: the common prefix length and its KV cache repeated over the batch,
     or ``(0, None)`` when sharing does not pay or the cache cannot be repeated."""
     k = _common_prefix(prompts)
-    if k < _MIN_SHARED or len(prompts) < 2:
+    # transformers turns the cache off under gradient checkpointing in training mode
+    recompute = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
+    if k < _MIN_SHARED or len(prompts) < 2 or recompute:
         return 0, None
     shared = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True)
     cache = shared.past_key_values

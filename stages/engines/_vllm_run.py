@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 import torch
 
-from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
+                         encode_prompt, stop_token_ids)
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 
@@ -45,6 +46,10 @@ class VLLMEngine:
 
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A task prompt's ids (through the chat template of a chat policy)."""
+        return encode_prompt(self._policy.tokenizer, text)
 
     def decode(self, ids: list[int]) -> str:
         return self._policy.tokenizer.decode(ids)
@@ -147,7 +152,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSampling
         from vllm import TokensPrompt
 
-        eos = self._policy.tokenizer.eos_token_id
+        ends = stop_token_ids(self._policy.tokenizer)
         prompts, sampling = [], []
         for s in live:
             room = s.budget - len(s.ids)
@@ -157,7 +162,7 @@ class VLLMEngine:
                 temperature=params.temperature, top_p=params.top_p,
                 logprobs=params.top_logprobs,
                 max_tokens=room if step is None else min(step, room), detokenize=False,
-                stop_token_ids=[eos], ignore_eos=False, skip_special_tokens=False))
+                stop_token_ids=sorted(ends), ignore_eos=False, skip_special_tokens=False))
         outs = self._llm.generate(prompts, sampling, use_tqdm=False)
         now = time.perf_counter() - t0
         for s, out in zip(live, outs):
@@ -165,7 +170,7 @@ class VLLMEngine:
             toks = list(comp.token_ids)
             lps = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
             tops = [_top(d, params.top_logprobs) for d in comp.logprobs]
-            _append(s, toks, lps, tops, eos, params.stop, self.decode)
+            _append(s, toks, lps, tops, ends, params.stop, self.decode)
             if s.reason is not None:
                 s.seconds = now
 
@@ -179,16 +184,16 @@ def _top(entries: dict[int, Any], k: int) -> list[tuple[int, float]]:
 
 
 def _append(s: Seq, toks: list[int], lps: list[float], tops: list[list[tuple[int, float]]],
-            eos: int, stops: tuple[str, ...], decode: Any) -> None:
+            ends: frozenset[int], stops: tuple[str, ...], decode: Any) -> None:
     """Add a segment's tokens (and their top-k pairs, when asked for), ending the
-    sequence at EOS, a stop string or its budget."""
+    sequence at a stop token (EOS, end of turn), a stop string or its budget."""
     scan_from = len(decode(s.req.prefix_ids + s.ids)) if stops else 0
     for t, lp, top in zip(toks, lps, tops):
         s.ids.append(t)
         s.logprobs.append(lp)
         if top:
             s.tops.append(top)
-        if t == eos:
+        if t in ends:
             s.reason = "stop"
         elif stops and _hit(decode(s.req.prefix_ids + s.ids), stops, scan_from):
             s.reason = "stop"

@@ -42,7 +42,8 @@ import torch
 from pydantic import Field
 from transformers import DynamicCache
 
-from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
+                         encode_prompt, stop_token_ids)
 from gfcr.stage import Spec, register
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -190,6 +191,10 @@ class HFEngine:
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A task prompt's ids (through the chat template of a chat policy)."""
+        return encode_prompt(self._policy.tokenizer, text)
+
     def decode(self, ids: list[int]) -> str:
         return self._policy.tokenizer.decode(ids)
 
@@ -254,7 +259,7 @@ class _Wave:
         self.engine, self.params, self.gen, self.hook, self.t0 = engine, params, gen, hook, t0
         self.live = seqs
         self.model = engine.policy.model
-        self.eos = engine.policy.tokenizer.eos_token_id
+        self.ends = stop_token_ids(engine.policy.tokenizer)  # EOS and end-of-turn ids
         # getattr: transformers config attribute, absent in some versions
         self.sdpa = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
         self.stops = tuple(x for x in params.stop if x)  # "" would stop at once
@@ -337,8 +342,8 @@ class _Wave:
 
     def _record(self, toks: list[int], lps: list[float],
                 tops: list[list[tuple[int, float]]] | None) -> None:
-        """Append the step's tokens (and top-k pairs); finish on EOS, stop string or
-        budget."""
+        """Append the step's tokens (and top-k pairs); finish on a stop token (EOS, end of
+        turn), stop string or budget."""
         now = time.perf_counter() - self.t0
         for i, (s, t, lp) in enumerate(zip(self.live, toks, lps)):
             if s.reason is not None:  # finished, still in the batch until a shrink
@@ -347,7 +352,7 @@ class _Wave:
             s.logprobs.append(lp)
             if tops is not None:
                 s.tops.append(tops[i])
-            if t == self.eos or (self.stops and self._hit_stop(s)):
+            if t in self.ends or (self.stops and self._hit_stop(s)):
                 s.reason = "stop"
             elif len(s.ids) >= s.budget:
                 s.reason = "length"

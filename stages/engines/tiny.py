@@ -102,6 +102,11 @@ class HFCheckpoint(Spec):
     """Local directory of a transformers checkpoint (model and tokenizer)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights' dtype; float32 by default because the trainer updates these weights."""
+    chat: bool | None = None
+    """Pass each task prompt as a user message through the tokenizer's chat template
+    (generation prompt added); None: when the tokenizer has a template."""
+    system: str | None = None
+    """The system message of the chat template; None: the template's own default."""
 
     def build(self, *, seed: int) -> Policy:
         """Load model and tokenizer with ``local_files_only=True``; ``seed`` seeds any
@@ -117,7 +122,12 @@ class HFCheckpoint(Spec):
                 # getattr: a torch dtype by its config name
                 self.path, local_files_only=True, dtype=getattr(torch, self.dtype))
         hf_tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        return Policy(model=model, tokenizer=HFTokenizer(hf_tok, model, self.path), remedy=(
+        chat = bool(hf_tok.chat_template) if self.chat is None else self.chat
+        if chat and not hf_tok.chat_template:
+            raise ValueError(f"hf_checkpoint: chat=True but the tokenizer at {self.path!r} "
+                             "has no chat template; set chat=False")
+        tok = HFTokenizer(hf_tok, model, self.path, chat=chat, system=self.system)
+        return Policy(model=model, tokenizer=tok, remedy=(
             "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
             io=TORCH_IO)
 
@@ -125,12 +135,16 @@ class HFCheckpoint(Spec):
 class HFTokenizer:
     """Adapts a transformers tokenizer to :class:`gfcr.engine.Tokenizer`.
 
-    ``encode`` adds no special tokens (prompts are built by the task, which decides on
-    BOS or chat templates); ``decode`` skips them. A missing pad id falls back to eos.
+    ``encode`` adds no special tokens; ``encode_prompt`` (:func:`gfcr.engine.encode_prompt`)
+    renders a task prompt as a user message through the chat template when ``chat``;
+    ``decode`` skips special tokens. A missing pad id falls back to eos.
+    ``stop_token_ids`` are the eos ids of the model's generation config (a chat model's
+    end of turn) besides the tokenizer's own eos.
     """
 
-    def __init__(self, hf_tokenizer: Any, model: Any = None, where: str = "") -> None:
-        self.hf = hf_tokenizer
+    def __init__(self, hf_tokenizer: Any, model: Any = None, where: str = "", *,
+                 chat: bool = False, system: str | None = None) -> None:
+        self.hf, self.chat, self.system = hf_tokenizer, chat, system
         eos = hf_tokenizer.eos_token_id
         if eos is None and model is not None:
             # getattr: transformers config, None when unset
@@ -142,9 +156,31 @@ class HFTokenizer:
         self.eos_token_id: int = eos
         pad = hf_tokenizer.pad_token_id
         self.pad_token_id: int = eos if pad is None else int(pad)
+        self.stop_token_ids: tuple[int, ...] = _generation_eos(model, eos)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """``text`` as the model sees a prompt: a user turn through the chat template
+        with the assistant's generation prompt after it, or plain ``encode``."""
+        if not self.chat:
+            return self.encode(text)
+        messages = [{"role": "user", "content": text}]
+        if self.system is not None:
+            messages.insert(0, {"role": "system", "content": self.system})
+        rendered = self.hf.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=True)
+        return list(self.hf.encode(rendered, add_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+def _generation_eos(model: Any, eos: int) -> tuple[int, ...]:
+    """``eos`` and the eos ids of the model's generation config (int or list)."""
+    # getattr: a model without a generation config (plain torch modules) has none
+    config = getattr(model, "generation_config", None)
+    more = getattr(config, "eos_token_id", None)
+    more = [] if more is None else [more] if isinstance(more, int) else list(more)
+    return tuple(sorted({eos, *map(int, more)}))

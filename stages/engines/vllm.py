@@ -12,7 +12,8 @@ How the protocol maps onto vLLM (``_vllm_run.py`` has the decode loop):
 
 - logprobs: ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)``
   after top-p (greedy: of the raw logits), which is gfcr's convention at ``top_p=1``;
-- EOS: the policy tokenizer's ``eos_token_id`` as vLLM's ``stop_token_ids``;
+- EOS: the policy tokenizer's ``eos_token_id`` and its other stop tokens (a chat
+  model's end of turn, :func:`gfcr.engine.stop_token_ids`) as vLLM's ``stop_token_ids``;
 - stop strings: vLLM matches strings only on detokenised text, which it does not have
   here, so the engine decodes each segment's tokens with the policy's tokenizer and cuts
   the completion after the token that completed a stop string (the tokens vLLM generated

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Engine, SegmentHook
+from gfcr.engine import Engine, SegmentHook, encode_prompt
 from gfcr.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
 from gfcr.stage import Spec, StageSpec, StepContext, register
 from stages.generate._policy import forced_logprobs
@@ -123,7 +123,7 @@ class ConditionedSample(StageSpec):
                    stats: dict[str, dict[str, float]], exemplars: int) -> None:
         """Mark a fresh group's samples with its exemplar count and give the last
         ``share`` of them the prompt's hint as a forced prefix (in place)."""
-        ids = engine.encode(prompt[col.PROMPT])
+        ids = encode_prompt(engine, prompt[col.PROMPT])
         hint, hint_lp = self._hint(engine, prompt, ids, stats.get(prompt[col.PROMPT_ID]))
         hinted = round(self.hints.share * len(group)) if hint and self.hints else 0
         for i, sample in enumerate(group):

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook
+from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook, encode_prompt
 from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
@@ -92,7 +92,7 @@ def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
     requests: list[GenRequest] = []
     slots: list[tuple[int, str, list[int], dict[str, Any], int | None]] = []
     for p_idx, (prompt, group) in enumerate(zip(prompts, samples)):
-        ids = engine.encode(prompt[col.PROMPT])
+        ids = encode_prompt(engine, prompt[col.PROMPT])
         group_id = (prompt.get(col.GROUP_ID)
                     or stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx))
         for sample in group:

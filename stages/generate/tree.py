@@ -50,7 +50,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.engine import (Decision, Engine, GenOutput, GenRequest, Inflight, SamplingParams,
-                         SegmentHook)
+                         SegmentHook, encode_prompt)
 from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate._policy import BranchPoint, branch_points
@@ -136,7 +136,7 @@ class _Forest:
     keys: int = 0
 
     def __post_init__(self) -> None:
-        self.ids = [self.engine.encode(p[col.PROMPT]) for p in self.prompts]
+        self.ids = [encode_prompt(self.engine, p[col.PROMPT]) for p in self.prompts]
         self.width = [self.spec.n if p.get("n") is None else int(p["n"]) for p in self.prompts]
         self.nodes = [[] for _ in self.prompts]
         self.frontier = [[] for _ in self.prompts]

@@ -59,3 +59,9 @@ def padded(rows: Sequence[np.ndarray | Sequence[float]], width: int, *, fill: fl
         if len(r):
             out[i, :len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
     return out.to(device)
+
+
+def padded_rows(values: list[np.ndarray] | None, part: list[int], width: int,
+                device: torch.device) -> torch.Tensor | None:
+    """:func:`padded` of the rows ``part`` of ``values``; None when ``values`` is None."""
+    return None if values is None else padded([values[i] for i in part], width, device=device)

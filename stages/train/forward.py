@@ -1,8 +1,8 @@
 """Teacher-forced forward passes of the trainer: completion logprobs, and their entropy.
 
-One function computes the logits at every completion position
-(:func:`stages.logprobs.completion_logits`, shared with the engine and the tree's branch
-points); :func:`sequence_logprobs` and :func:`sequence_logprobs_entropy` are thin views of
+One function computes the logprobs at every completion position
+(:func:`stages.logprobs.completion_scores`, shared with the engine and the tree's branch
+points; the full-vocabulary logits exist for a chunk of tokens at a time); :func:`sequence_logprobs` and :func:`sequence_logprobs_entropy` are thin views of
 it, so the forward pass exists once.
 
 The convention is the engine's (:mod:`stages.logprobs`): a token's
@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from stages.logprobs import completion_logits, gather_logprobs
+from stages.logprobs import completion_scores
+
 
 def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float = 1.0, pad_id: int = 0
@@ -32,8 +33,8 @@ def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[li
     Falls back to one right-padded pass when the prefix is short or the model's cache
     cannot be repeated.
     """
-    logits, targets, mask = completion_logits(model, prompts, completions, temperature, pad_id)
-    return gather_logprobs(logits, targets, mask), mask
+    logprobs, mask, _ = completion_scores(model, prompts, completions, temperature, pad_id)
+    return logprobs, mask
 
 
 def sequence_logprobs_entropy(model: Any, prompts: list[list[int]],
@@ -45,6 +46,7 @@ def sequence_logprobs_entropy(model: Any, prompts: list[list[int]],
     (``[B, T]``, 0 on padding): the entropy of the next-token distribution the token was
     drawn from, at the sampling temperature. ``entropy`` maps ``[..., V]`` logits to
     ``[...]`` (``stages.train.loss.token_entropy``); gradients flow through it."""
-    logits, targets, mask = completion_logits(model, prompts, completions, temperature, pad_id)
-    return (gather_logprobs(logits, targets, mask), mask,
-            entropy(logits).masked_fill(~mask, 0.0))
+    logprobs, mask, ent = completion_scores(model, prompts, completions, temperature, pad_id,
+                                            entropy=entropy)
+    assert ent is not None  # asked for
+    return logprobs, mask, ent

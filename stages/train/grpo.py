@@ -21,7 +21,12 @@ What the learner adds around the loss (:mod:`stages.train.loss`):
 - **mechanics**: micro-batches under a sequence count and a token budget with gradient
   accumulation equal to the full-batch gradient (:mod:`stages.train.batching`), AdamW,
   a warm-up + constant/linear/cosine learning-rate schedule, gradient-norm clipping,
-  optional bf16 autocast (:mod:`stages.train.optim`).
+  optional bf16 autocast (:mod:`stages.train.optim`);
+- **memory** at a real vocabulary: completion logprobs from the hidden states, the output
+  layer applied a chunk of tokens at a time under activation checkpointing (no batch x
+  length x vocabulary float32 logits, :mod:`stages.logprobs`), optional gradient
+  checkpointing, and each step's peak memory as ``peak_memory_mb``
+  (:mod:`stages.train.memory`).
 
 Departure, intended: when the loss has no KL and no entropy term (``kl_coef`` and
 ``entropy_coef`` 0, the default), rows whose advantage is exactly 0 (flat groups, MC-GRPO's
@@ -119,6 +124,9 @@ class GRPO(StageSpec):
     token_selector: str = "d3s"
     """Name in the token-selector registry (stages.train.selection) that picks the loss
     tokens when the batch carries a ``token_keep_ratio`` below 1 (D³S writes one)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward instead of keeping them
+    (transformers' gradient checkpointing): less memory for about one more forward."""
 
     reads: ClassVar[frozenset[str]] = frozenset(
         {col.REWARD, col.GROUP_ID, col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS})

@@ -32,10 +32,10 @@ from stages.train import work as work_rows
 from stages.train.work import Work
 from stages.train.batching import pack, padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
+from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
                                truncated_is_weights)
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
-
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class LearnerOptions:
     entropy_coef: float
     tis_cap: float | None
     token_selector: str = "d3s"
+    gradient_checkpointing: bool = False
 
 class GRPOLearner:
     """Applies :class:`GRPO` updates to the run's policy, which it updates in place. It
@@ -81,11 +82,20 @@ class GRPOLearner:
         problem = bf16_problem(self.device) if spec.precision == "bf16" else None
         if problem:
             raise ValueError(f"stage {spec.label!r}: precision='bf16': {problem}")
+        if spec.gradient_checkpointing:
+            checkpoint_layers(policy.model, spec.label)
 
     # ------------------------------------------------------------------ update
 
     def update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
-        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps."""
+        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps; the
+        step's peak memory in the metrics (:mod:`stages.train.memory`)."""
+        with PeakMemory(self.device) as peak:
+            result = self._update(ctx, batch)
+        result.metrics.update(peak.metrics())
+        return result
+
+    def _update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
         rewards = work_rows.rewards(batch, self.spec.label)
         adv = self._advantages(batch, rewards)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,

@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import load_model, save_model
 
-from gfcr.engine import Policy
+from gfcr.engine import Policy, encode_prompt
 from gfcr.stage import Spec, register
 from stages.train.forward import sequence_logprobs
 
@@ -92,6 +92,8 @@ class SFT(Spec):
             "sft": self.model_dump(mode="json"),
             "seed": seed,
         }
+        if hasattr(policy.tokenizer, "encode_prompt"):  # a chat template and system message
+            parts["prompt_template"] = encode_prompt(policy.tokenizer, "{prompt}")
         canonical = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -139,7 +141,7 @@ def _examples(policy: Policy, task: Any) -> tuple[list[list[int]], list[list[int
     for row in table.select(["prompt", "answer"]).to_pylist():
         if row["answer"] is None:
             raise ValueError(f"sft: training prompt {row['prompt']!r} has no reference answer")
-        prompts.append(tok.encode(row["prompt"]))
+        prompts.append(encode_prompt(tok, row["prompt"]))
         completions.append(tok.encode(row["answer"]) + [tok.eos_token_id])
     if not prompts:
         raise ValueError("sft: the task has no training prompts")

@@ -33,6 +33,7 @@ HEADLINES = {
     "vade": [VADE],
     "prompt_gdro": [PromptGDRO],
     "cross_run": [CrossRunReplay],
+    "smol": [DynamicSampling],  # its policy (SmolLM2) is tests/stages/engines/test_smollm2.py's
 }
 NEEDS_SOURCE = {"cross_run"}
 """Pipelines that read another store: run in their own test, with a source store."""

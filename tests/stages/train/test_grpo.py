@@ -103,8 +103,11 @@ def test_micro_batching_accumulates_to_the_same_update():
         learner = GRPO(lr=1e-2, micro_batch=micro, aggregation="token_mean").learner(policy, seed=0)
         learner.update(None, _batch(policy, [1.0, 0.0, 0.2, 0.7], ["a", "a", "b", "b"]))
         results.append(_params(policy.model))
+    # Adam's first step is lr * g / (|g| + 1e-8): on entries whose gradient is near 1e-8
+    # the float noise of another summation order (~1e-8, chunked logits) shows as ~1e-5;
+    # a wrong accumulation is off by about lr (1e-2)
     for a, b in zip(*results):
-        assert torch.allclose(a, b, atol=1e-6)
+        assert torch.allclose(a, b, atol=5e-5)
 
 
 def test_all_flat_batch_leaves_weights_alone():

@@ -189,8 +189,10 @@ def test_d3s_advantages_are_trained_on_as_they_are(ratio):
     got = grads(policy.model)
     want_loss, want = _hand_gradient(policy, batch, _d3s_expected(), ratio)
     assert loss == pytest.approx(want_loss, rel=1e-6)
+    # float32 noise only: the chunked output layer packs each pass's real tokens, so two
+    # passes over different rows multiply matrices of other shapes (~1e-7 of a gradient ~1)
     for a, b in zip(got, want):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8)
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
     # not the gradient of the advantages recomputed on the batch
     recomputed = lookup_advantage("grpo")(np.array(REWARDS), np.array(GROUPS))
     _, other = _hand_gradient(policy, batch, recomputed, ratio)
