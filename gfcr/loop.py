@@ -37,7 +37,7 @@ from gfcr.helper import charging
 from gfcr.metrics import rollout_metrics
 from gfcr.problems import tally
 from gfcr.rewards import bounded
-from gfcr.rollout import col
+from gfcr.rollout import col, scorer_failed
 from gfcr.rounds import first_round, key, name, next_round, shortfall, staleness
 from gfcr.runtime import Call, Runtime, TableRef, context
 from gfcr.stage import AUGMENT, TRAIN, Augment, StepContext
@@ -123,7 +123,8 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     rt.record.hand_over(f"commit[step={step}]",
                         _commit_fn(rt, run_id, step, dict(metrics), version), ref, commit_call)
     return StepReport(step=step, metrics=metrics, rollouts=ref, cpu=dict(clock.cpu),
-                      errors=tally(final.column(col.SCORE_ERROR).to_pylist()))
+                      errors=tally(m for m in final.column(col.SCORE_ERROR).to_pylist()
+                                   if scorer_failed(m)))
 
 
 def _clocked(call: Call, clock: StageClock) -> Call:

@@ -328,3 +328,18 @@ def describe() -> list[dict[str, Any]]:
     """The schema as rows (name, type, nullable, doc), for docs and ``gfcr schema``."""
     return [{"name": c.name, "type": str(c.type), "nullable": c.nullable, "doc": c.doc}
             for c in COLUMNS]
+
+
+VERDICT_PREFIXES = ("Wrong:", "SandboxViolation:")
+"""How a ``score_error`` that is a verdict on the program (stages.filter.verifiers.Wrong:
+it crashed, hit a limit, cannot run) begins. Such a row scored 0 and was kept; it is no
+scorer failure, so warnings, the report's error share and the doctor leave it out."""
+
+SCORER_FAILED_SQL = ("(score_error IS NOT NULL AND NOT regexp_matches(score_error, "
+                     "'^(Wrong|SandboxViolation):'))")
+"""SQL predicate over ``rollouts``: the scorer failed on the row (a verdict does not count)."""
+
+
+def scorer_failed(message: str | None) -> bool:
+    """Whether a ``score_error`` value is a scorer failure, not a verdict."""
+    return bool(message) and not str(message).startswith(VERDICT_PREFIXES)

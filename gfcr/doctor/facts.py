@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfcr.report.data import RunData, aligned, load_run
+from gfcr.rollout import SCORER_FAILED_SQL
 
 
 @dataclass
@@ -41,7 +42,7 @@ def gather(store: Any, run_id: str) -> Facts:
     facts.errors = store.sql(
         "SELECT regexp_replace(score_error, '''[^'']*''', '''…''', 'g') AS error, count(*) AS n, "
         "min(step) AS first_step, max(step) AS last_step FROM rollouts "
-        "WHERE run_id = ? AND score_error IS NOT NULL GROUP BY 1 ORDER BY n DESC LIMIT 3",
+        f"WHERE run_id = ? AND {SCORER_FAILED_SQL} GROUP BY 1 ORDER BY n DESC LIMIT 3",
         [run_id]).to_pylist()
     facts.prompts = store.sql(_PROMPTS, [run_id]).to_pylist()[0]
     facts.prompts["train"] = _train_size(store, run_id)

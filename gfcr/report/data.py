@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfcr.rollout import ROLLOUT_SCHEMA
+from gfcr.rollout import ROLLOUT_SCHEMA, SCORER_FAILED_SQL
 
 NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
                   "prompt", "answer", "reward", "score_error", "kept", "dropped_by",
@@ -113,7 +113,7 @@ SELECT step,
        avg((finish_reason = 'length')::INT) AS truncated_share,
        avg(reward) FILTER (WHERE fresh) AS sampled_reward,
        avg((reward >= 1)::INT) FILTER (WHERE fresh AND reward IS NOT NULL) AS sampled_pass_rate,
-       avg((score_error IS NOT NULL)::INT) AS score_error_share,
+       avg(""" + SCORER_FAILED_SQL + """::INT) AS score_error_share,
        avg(coalesce(score_error ILIKE '%timeout%', false)::INT) AS score_timeout_share,
        avg((NOT fresh)::INT) AS replayed_share,
        avg(stale::DOUBLE) FILTER (WHERE kept AND stale > 0) AS staleness_mean,

@@ -99,3 +99,18 @@ def test_conform_keeps_given_turns_and_fills_only_missing_ones():
     kept, filled = out.column("turns").to_pylist()
     assert kept == turns and loss_mask(kept) == [True, False, False]
     assert [t["source"] for t in filled] == ["environment", "policy"]
+
+
+def test_a_code_verdict_is_no_scorer_failure_in_python_or_sql():
+    # a program that crashed or hit a limit is Wrong (reward 0, reason kept): the step's
+    # warnings, the report's error share and the doctor count only scorer failures
+    import duckdb
+
+    from gfcr.rollout import SCORER_FAILED_SQL, scorer_failed
+
+    messages = ["Wrong: the program raised ZeroDivisionError",
+                "SandboxViolation: memory limit", "ValueError: bad scorer", None]
+    assert [scorer_failed(m) for m in messages] == [False, False, True, False]
+    rows = duckdb.sql(f"SELECT {SCORER_FAILED_SQL} FROM (VALUES (?), (?), (?), (?)) "
+                      "t(score_error)", params=messages).fetchall()
+    assert [r[0] for r in rows] == [False, False, True, False]
