@@ -5,8 +5,10 @@ stores without importing it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from gfcr.storage import StoreBackend
 
@@ -35,9 +37,9 @@ class LakeBackend:
         return History(store, run_id, as_of_snapshot=as_of_snapshot)
 
     def export(self, store: RolloutStore, dest: Path, *, format: str, table: str,
-               where: str | None) -> Path:
+               match: Mapping[str, Any] | None) -> Path:
         return export(store, dest, format=format, table=table,  # type: ignore[arg-type]
-                      where=where)
+                      match=match)
 
     def compact(self, store: RolloutStore) -> CompactResult:
         return compact(store)

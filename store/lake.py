@@ -246,8 +246,8 @@ class RolloutStore:
         query = "SELECT * FROM rollouts" + (f" WHERE {where}" if where else "")
         if len(check_read_only(query)) != 1:
             raise ValueError(f"where clause {where!r} must not contain several statements")
-        with self._lock:
-            table = self._read().execute(query, params).to_arrow_table()
+        with self._lock:  # the sandboxed connection: ``where`` is SQL text
+            table = self._query().execute(query, params).to_arrow_table()
         return _tables.as_rollout_schema(table)
 
     def snapshots(self) -> pa.Table:

@@ -79,13 +79,10 @@ WRITERS = [
 UNLISTED = [  # issue 26 item 7: names a deny-list missed; the allow-list refuses them all
     "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()",
     "SELECT * FROM system.main.checkpoint()", "SELECT * FROM snapshots()",
-    "SELECT * FROM options()", "SELECT * FROM current_snapshot()", "SELECT * FROM settings()",
-    "SELECT * FROM table_info()", "SELECT * FROM merge_adjacent_files()",
+    "SELECT * FROM options()", "SELECT * FROM settings()",
     "SELECT * FROM range(2) UNION ALL SELECT 1 FROM checkpoint()",
     "SUMMARIZE SELECT * FROM checkpoint()", "SELECT * FROM enable_logging()",
-    "SELECT * FROM sqlite_scan('store/catalog.sqlite', 'ducklake_data_file')",
-    "SELECT lake.main.abs(1)", "PRAGMA force_checkpoint", "CALL checkpoint()",
-    "PRAGMA enable_profiling"]
+    "SELECT lake.main.abs(1)"]
 
 
 @pytest.mark.parametrize("query", WRITERS)
