@@ -139,6 +139,15 @@ class Lease(Protocol):
         ...
 
 
+class HeldLease(Protocol):
+    """A lease this process holds (``StoreBackend.hold``)."""
+
+    def check(self) -> None:
+        """Raise unless this process still holds it: a run that lost its lease (another
+        process took it over) writes nothing more, its status included."""
+        ...
+
+
 class StoreBackend(Protocol):
     """Opens stores and reads their history; ``errors`` are what its calls raise for bad
     input (a missing store, a read-only one written to, a run another process holds),
@@ -160,7 +169,7 @@ class StoreBackend(Protocol):
 
     def compact(self, store: Any) -> Any: ...
 
-    def hold(self, store: Any, run_id: str) -> AbstractContextManager[object]:
+    def hold(self, store: Any, run_id: str) -> AbstractContextManager[HeldLease]:
         """The run's lease, held while the block runs: one owner per run id."""
         ...
 
