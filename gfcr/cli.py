@@ -72,6 +72,7 @@ def run(
     from gfcr.cancel import RunCancelled
     from gfcr.flow import RunRequest
     from gfcr.cli_errors import explain
+    from gfcr.exits import unfinished_exits_fail
     from gfcr.names import UnsafeName
     from gfcr.resume import ResumeError
     from gfcr.run import new_run_id
@@ -86,7 +87,11 @@ def run(
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        with unfinished_exits_fail():
+            summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+    except SystemExit as e:  # code the run called exited: the run did not finish
+        _fail(f"the run did not finish: code it ran called exit({e.code!r}); continue with: "
+              f"gfcr run --resume {request.run_id}")
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)

@@ -63,16 +63,20 @@ def _shielded_temporary_server() -> None:
     blocked, a mask the server process inherits. A terminal's Ctrl-C goes to the whole
     foreground process group; without this it also stopped the server, so the run, which
     stops at its next step boundary, could no longer record its state in Prefect and the
-    command ended in a connection error. Prefect stops the server with SIGTERM at exit."""
+    command ended in a connection error. Prefect stops the server with SIGTERM at exit;
+    a watcher stops it when this process dies otherwise (gfcr.reaper)."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():  # a real server: nothing of ours to shield
         return
     from prefect.server.api.server import SubprocessASGIServer
 
+    from gfcr.reaper import dies_with_this_process
+
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        SubprocessASGIServer().start()
+        with dies_with_this_process():  # kill -9 of this process included
+            SubprocessASGIServer().start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
