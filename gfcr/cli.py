@@ -101,7 +101,7 @@ def run(
     except (ResumeError, UnsafeName) + backend().errors as e:  # a run held: LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
-        _fail(explain(e, root.resolve()) or _reraise(e))
+        _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
     if as_json:

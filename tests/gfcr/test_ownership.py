@@ -141,9 +141,13 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
         run_id = _wait_for(committed, "the first step's commit")
         first.send_signal(signal.SIGSTOP)
         time.sleep(3)  # past its 2 s lease: the next owner may take it over
-        second = subprocess.Popen([*run, "--resume", run_id], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for(lambda: _holder_pid(root) == second.pid, "the resume to take the lease")
+        second = subprocess.Popen([*run, "--resume", run_id], env=env, text=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        def taken():
+            assert second.poll() is None, second.communicate()[1][-3000:]
+            return _holder_pid(root) == second.pid
+        _wait_for(taken, "the resume to take the lease")
         try:
             _wait_for(lambda: _state(root)[0][0]["status"] == "running", "the resume's start",
                       limit=60)
