@@ -72,7 +72,7 @@ def run(
     from gfcr.cancel import RunCancelled
     from gfcr.flow import RunRequest
     from gfcr.cli_errors import explain
-    from gfcr.exits import unfinished_exits_fail
+    from gfcr.exits import RunExited
     from gfcr.names import UnsafeName
     from gfcr.resume import ResumeError
     from gfcr.run import new_run_id
@@ -87,18 +87,14 @@ def run(
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
-        with unfinished_exits_fail():
-            summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
-    except SystemExit as e:  # code the run called exited: the run did not finish
-        _fail(f"the run did not finish: code it ran called exit({e.code!r}); continue with: "
-              f"gfcr run --resume {request.run_id}")
+        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     except KeyboardInterrupt:
         err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
         raise typer.Exit(130)
-    except (ResumeError, UnsafeName) + backend().errors as e:  # a run held: LeaseHeld
+    except (ResumeError, UnsafeName, RunExited) + backend().errors as e:  # LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))

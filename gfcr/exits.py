@@ -1,7 +1,7 @@
 """``gfcr run`` exits non-zero whenever its run did not finish.
 
 Code a run calls (a user scorer, a stage) can end the process itself: ``sys.exit(0)``
-raises SystemExit, which ``gfcr run`` reports as a failure (gfcr.cli), and
+raises SystemExit, which ``gfcr run`` reports as a failure (RunExited), and
 ``os._exit(0)`` ends the process at once, skipping every handler, with status 0: a
 script or scheduler would read a dead run as a finished one. While a run is under way,
 :func:`unfinished_exits_fail` makes ``os._exit`` (and ``posix._exit``, the same function)
@@ -19,6 +19,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
+
+class RunExited(RuntimeError):
+    """Code the run called raised SystemExit: the run did not finish."""
+
 
 UNFINISHED = 70
 """The exit status of a run that something ended with ``os._exit(0)`` (EX_SOFTWARE)."""

@@ -1,0 +1,129 @@
+"""The fault drills beside bench/drill.py's kill -9 drill: stop (SIGINT), a full disk,
+and takeover (a second ``--resume`` racing a live run; a frozen run whose lease a resume
+took over, then continued). Each one ends with a last ``--resume`` to the end, and
+bench/drill.py checks the store against the uninterrupted baseline.
+
+Loaded by path from bench/drill.py (``bench/`` is taken off ``sys.path`` because
+bench/store.py would shadow the ``store`` package); ``h`` is that module, for its helpers.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def stop(h: Any, pipeline: Path, root: Path, steps: int, rng: random.Random,
+         stops: int = 2) -> list[dict[str, Any]]:
+    """SIGINT at a random committed step (the run stops at the next step boundary,
+    checkpointed, exit 130), then ``--resume``; ``stops`` times, then to the end."""
+    log: list[dict[str, Any]] = []
+    run_id: str | None = None
+    while len(log) < stops:
+        last = h._last_step(root) if run_id else None
+        first = 0 if last is None else last + 1
+        if first > steps - 2:
+            break
+        target = rng.randint(first, steps - 2)
+        proc = h._start(pipeline, root, run_id, False)
+        if h._wait(proc, lambda: h._committed(root) >= target):
+            h._finish(proc)
+            return log
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=900)
+        run_id = run_id or h._run_id(root)
+        log.append({"target": f"after step {target}", "exit": proc.returncode,
+                    "status": _status(h, root), "last_step": h._last_step(root)})
+    h._finish(h._start(pipeline, root, run_id or h._run_id(root), False))
+    return log
+
+
+def disk_full(h: Any, pipeline: Path, root: Path, baseline: Path) -> list[dict[str, Any]]:
+    """The run's root on a tmpfs of 60% of the baseline root's size (an unprivileged
+    mount namespace: ``unshare -Urm``), so the disk fills partway; what the full disk
+    holds when the run stops is copied out (space freed), and ``--resume`` ends it."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-Urm", "true"], capture_output=True).returncode != 0:
+        return [{"skipped": "no unprivileged mount namespace (unshare -Urm)"}]
+    size = max(400_000, int(0.6 * _bytes(baseline)))
+    mount = root.with_name(root.name + "-tmpfs")
+    mount.mkdir()
+    root.mkdir()
+    script = (f'mount -t tmpfs -o size={size} tmpfs "{mount}" || exit 99; "$@"; rc=$?; '
+              f'cp -a "{mount}/." "{root}/"; exit $rc')
+    proc = h._start(pipeline, mount, None, False, prefix=("unshare", "-Urm", "sh", "-c", script, "sh"))
+    _, err = proc.communicate(timeout=1800)
+    message = [line for line in err.decode(errors="replace").splitlines() if "error" in line]
+    entry = {"tmpfs_bytes": size, "exit": proc.returncode, "message": " ".join(message)[:300],
+             "last_step": h._last_step(root) if h._run_id(root) else None}
+    if proc.returncode != 0 and h._run_id(root):
+        h._finish(h._start(pipeline, root, h._run_id(root), False))
+    return [entry]
+
+
+def takeover(h: Any, pipeline: Path, root: Path, steps: int, rng: random.Random,
+             races: int = 2) -> list[dict[str, Any]]:
+    """A live run and ``races`` second ``--resume`` of it at random committed steps (each
+    must be refused: exit 2, naming the holder); then the live run frozen (SIGSTOP) past
+    its lease, a ``--resume`` that takes it over, and the frozen one continued (SIGCONT):
+    it must stop (non-zero) without writing, while the resume runs to the end."""
+    env = {"GFCR_LEASE_SECONDS": "5"}
+    log: list[dict[str, Any]] = []
+    live = h._start(pipeline, root, None, False, env=env)
+    targets = sorted(rng.sample(range(0, max(1, steps - 3)), min(races, max(1, steps - 3))))
+    for target in targets:
+        if h._wait(live, lambda: h._committed(root) >= target):
+            break
+        race = h._start(pipeline, root, h._run_id(root), False, env=env)
+        _, err = race.communicate(timeout=900)
+        log.append({"race": f"after step {target}", "exit": race.returncode,
+                    "refused": "is already running" in err.decode(errors="replace")})
+    run_id = h._run_id(root)
+    if live.poll() is None:
+        live.send_signal(signal.SIGSTOP)
+        time.sleep(7)  # past its 5 s lease
+        second = h._start(pipeline, root, run_id, False, env=env)
+        deadline = time.monotonic() + 600
+        while _holder(root) != second.pid and second.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        live.send_signal(signal.SIGCONT)
+        _, err = live.communicate(timeout=900)
+        log.append({"frozen_owner_exit": live.returncode,
+                    "stopped_on_lost_lease": "taken over by" in err.decode(errors="replace"),
+                    "status_after_it_stopped": _status(h, root)})
+        h._finish(second)
+    else:
+        h._finish(live)
+    return log
+
+
+def _status(h: Any, root: Path) -> str | None:
+    from store import RolloutStore
+
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        rows = s.sql("SELECT status FROM runs").column("status").to_pylist()
+    return rows[0] if rows else None
+
+
+def _holder(root: Path) -> int | None:
+    from store import lease
+    from store._location import resolve
+
+    try:
+        catalog, _ = resolve(root / "store", data_path=None, read_only=True, create=False)
+    except Exception:  # noqa: BLE001 - no store yet
+        return None
+    rows = lease.leases(catalog)
+    return next(iter(rows.values())).holder.pid if rows else None
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+__all__ = ["disk_full", "stop", "takeover"]
