@@ -66,40 +66,40 @@ def disk_full(h: Any, pipeline: Path, root: Path, baseline: Path) -> list[dict[s
     return [entry]
 
 
-def takeover(h: Any, pipeline: Path, root: Path, steps: int, rng: random.Random,
-             races: int = 2) -> list[dict[str, Any]]:
-    """A live run and ``races`` second ``--resume`` of it at random committed steps (each
-    must be refused: exit 2, naming the holder); then the live run frozen (SIGSTOP) past
-    its lease, a ``--resume`` that takes it over, and the frozen one continued (SIGCONT):
-    it must stop (non-zero) without writing, while the resume runs to the end."""
+def takeover(h: Any, pipeline: Path, root: Path, steps: int, rng: random.Random
+             ) -> list[dict[str, Any]]:
+    """The live run frozen (SIGSTOP) past its lease at a random committed step; two
+    ``--resume`` of it started together race for the lease (one takes it over, the other
+    is refused, exit 2, or, started after the winner ended, replays the end); the frozen
+    run is continued (SIGCONT) once one holds the lease: it must stop (non-zero) without
+    writing. A last ``--resume`` runs the run to the end if it did not finish."""
     env = {"GFCR_LEASE_SECONDS": "5"}
-    log: list[dict[str, Any]] = []
     live = h._start(pipeline, root, None, False, env=env)
-    targets = sorted(rng.sample(range(0, max(1, steps - 3)), min(races, max(1, steps - 3))))
-    for target in targets:
-        if h._wait(live, lambda: h._committed(root) >= target):
-            break
-        race = h._start(pipeline, root, h._run_id(root), False, env=env)
-        _, err = race.communicate(timeout=900)
-        log.append({"race": f"after step {target}", "exit": race.returncode,
-                    "refused": "is already running" in err.decode(errors="replace")})
-    run_id = h._run_id(root)
-    if live.poll() is None:
-        live.send_signal(signal.SIGSTOP)
-        time.sleep(7)  # past its 5 s lease
-        second = h._start(pipeline, root, run_id, False, env=env)
-        deadline = time.monotonic() + 600
-        while _holder(root) != second.pid and second.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        live.send_signal(signal.SIGCONT)
-        _, err = live.communicate(timeout=900)
-        log.append({"frozen_owner_exit": live.returncode,
-                    "stopped_on_lost_lease": "taken over by" in err.decode(errors="replace"),
-                    "status_after_it_stopped": _status(h, root)})
-        h._finish(second)
-    else:
+    target = rng.randint(0, max(0, steps - 3))
+    if h._wait(live, lambda: h._committed(root) >= target):
         h._finish(live)
-    return log
+        return [{"skipped": f"the run ended before step {target}'s commit was seen"}]
+    live.send_signal(signal.SIGSTOP)
+    time.sleep(7)  # past its 5 s lease
+    run_id = h._run_id(root)
+    racers = [h._start(pipeline, root, run_id, False, env=env) for _ in range(2)]
+    deadline = time.monotonic() + 900
+    while (_holder(root) not in [r.pid for r in racers] and time.monotonic() < deadline
+           and any(r.poll() is None for r in racers)):
+        time.sleep(0.2)
+    live.send_signal(signal.SIGCONT)
+    _, err = live.communicate(timeout=900)
+    entry: dict[str, Any] = {
+        "frozen_at": f"after step {target}", "frozen_owner_exit": live.returncode,
+        "stopped_on_lost_lease": "taken over by" in err.decode(errors="replace"),
+        "status_when_it_stopped": _status(h, root)}
+    for i, racer in enumerate(racers):
+        _, rerr = racer.communicate(timeout=1800)
+        entry[f"resume_{i}_exit"] = racer.returncode
+        entry[f"resume_{i}_refused"] = "is already running" in rerr.decode(errors="replace")
+    if _status(h, root) != "finished":
+        h._finish(h._start(pipeline, root, run_id, False))
+    return [entry]
 
 
 def _status(h: Any, root: Path) -> str | None:
