@@ -210,6 +210,16 @@ def check(root: Path, reference: Path, steps: int) -> dict[str, int]:
 DRILLS = ("kill", "stop", "full", "takeover")
 
 
+def _checked(root: Path, reference: Path, steps: int) -> dict[str, Any]:
+    """``check``, or why the store could not be read (a damaged catalog is a finding)."""
+    if not (root / "store" / "catalog.sqlite").exists():
+        return {"store": "none"}
+    try:
+        return check(root, reference, steps)
+    except Exception as exc:  # noqa: BLE001 - reported, and counted as a failed drill
+        return {"store": f"unreadable: {exc}"[:400]}
+
+
 def _faults() -> Any:
     """bench/_faults.py, loaded by path (see the sys.path note above)."""
     import importlib.util
@@ -240,9 +250,9 @@ def run_drills(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             log = faults.disk_full(this, pipeline, root, work / "baseline")
         else:
             log = faults.takeover(this, pipeline, root, a.steps, rng)
-        ran = (root / "store" / "catalog.sqlite").exists()
-        drills[name] = {**(check(root, work / "baseline", a.steps) if ran else {}),
+        drills[name] = {**_checked(root, work / "baseline", a.steps),
                         "seconds": round(time.perf_counter() - began, 1), "log": log}
+        print(json.dumps({name: drills[name]}, default=str), file=sys.stderr, flush=True)
     return {"steps": a.steps, "checkpoint_every": a.every,
             "baseline_startup_seconds": round(timing[0], 1),
             "baseline_steps_seconds": round(timing[1], 1),
