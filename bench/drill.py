@@ -210,6 +210,13 @@ def check(root: Path, reference: Path, steps: int) -> dict[str, int]:
 DRILLS = ("kill", "stop", "full", "takeover")
 
 
+def _total(drills: dict[str, Any], key: str) -> int | None:
+    """The sum over the drills that stored something; None if one left an unreadable store."""
+    if any(str(d.get("store", "")).startswith("unreadable") for d in drills.values()):
+        return None
+    return sum(d.get(key, 0) for d in drills.values())
+
+
 def _checked(root: Path, reference: Path, steps: int) -> dict[str, Any]:
     """``check``, or why the store could not be read (a damaged catalog is a finding)."""
     if not (root / "store" / "catalog.sqlite").exists():
@@ -256,8 +263,8 @@ def run_drills(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {"steps": a.steps, "checkpoint_every": a.every,
             "baseline_startup_seconds": round(timing[0], 1),
             "baseline_steps_seconds": round(timing[1], 1),
-            "lost_rollouts": sum(d.get("lost_rollouts", 0) for d in drills.values()),
-            "duplicated_rollouts": sum(d.get("duplicated_rollouts", 0) for d in drills.values()),
+            "lost_rollouts": _total(drills, "lost_rollouts"),
+            "duplicated_rollouts": _total(drills, "duplicated_rollouts"),
             "drills": drills, "drill_seconds": round(time.perf_counter() - started, 1)}
 
 
