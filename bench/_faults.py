@@ -111,15 +111,19 @@ def _status(h: Any, root: Path) -> str | None:
 
 
 def _holder(root: Path) -> int | None:
-    from store import lease
-    from store._location import resolve
+    """The pid holding the run's lease, read from ``leases.sqlite`` alone (opening the
+    store here again would open its catalog in this process)."""
+    import sqlite3
 
-    try:
-        catalog, _ = resolve(root / "store", data_path=None, read_only=True, create=False)
-    except Exception:  # noqa: BLE001 - no store yet
+    path = root / "store" / "leases.sqlite"
+    if not path.exists():
         return None
-    rows = lease.leases(catalog)
-    return next(iter(rows.values())).holder.pid if rows else None
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT pid FROM gfcr_run_leases").fetchone()
+    except sqlite3.Error:
+        return None
+    return int(row[0]) if row else None
 
 
 def _bytes(folder: Path) -> int:
