@@ -17,8 +17,17 @@ pid is gone), ``--kills`` times; a last ``--resume`` runs to the end. The drill 
 - rollouts that differ from the baseline's (step, prompt, sample, completion, reward,
   kept), which on CPU with a fixed seed must be 0 too.
 
-    .venv/bin/python bench/drill.py                 # 6 kills, table
-    .venv/bin/python bench/drill.py --kills 20 --json
+The other fault drills (``--drills``, all by default; bench/_faults.py) each run on a
+root of their own and are checked the same way: ``stop`` (SIGINT at a random committed
+step, twice, then resume), ``full`` (the root on a tmpfs of 60% of the baseline's size,
+so the disk fills partway; what it held is copied out and the run resumed), ``takeover``
+(second ``--resume`` racing the live run must be refused; then the live run frozen
+past its lease, taken over by a resume, and continued: it must stop without writing).
+Every drill counts lost rollouts (a baseline (step, prompt, sample) with no row) and
+duplicated rollouts (a key or rollout id stored twice); the totals must be 0 and 0.
+
+    .venv/bin/python bench/drill.py                 # 6 kills and the other drills, table
+    .venv/bin/python bench/drill.py --kills 20 --drills kill --json
 """
 
 from __future__ import annotations
@@ -58,11 +67,14 @@ pipeline = Pipeline(
 COMPARED = "step, prompt_id, sample_idx, completion, reward, kept"
 
 
-def _start(pipeline: Path, root: Path, run_id: str | None, track: bool) -> subprocess.Popen[bytes]:
+def _start(pipeline: Path, root: Path, run_id: str | None, track: bool, *,
+           env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+           ) -> subprocess.Popen[bytes]:
     args = ["--resume", run_id] if run_id else [str(pipeline)]
     cmd = [sys.executable, "-m", "gfcr.cli", "run", *args, "--root", str(root),
            "--executor", "local", "--json", *([] if track else ["--no-track"])]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([*prefix, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
 
 
 def _run_id(root: Path) -> str | None:
@@ -175,19 +187,88 @@ def check(root: Path, reference: Path, steps: int) -> dict[str, int]:
     with RolloutStore.open(root / "store", read_only=True) as s:
         rows = s.sql("SELECT step, count(*) AS n FROM steps GROUP BY step").to_pylist()
         ids = s.sql("SELECT count(*) - count(DISTINCT rollout_id) AS d FROM rollouts").to_pylist()
+        keys = s.sql("SELECT count(*) - count(DISTINCT (step, prompt_id, sample_idx)) AS d "
+                     "FROM rollouts").to_pylist()
         got = s.sql(f"SELECT {COMPARED} FROM rollouts ORDER BY ALL").to_pylist()
         status = s.sql("SELECT status FROM runs").column("status").to_pylist()
     with RolloutStore.open(reference / "store", read_only=True) as s:
         want = s.sql(f"SELECT {COMPARED} FROM rollouts ORDER BY ALL").to_pylist()
     per_step = {r["step"]: r["n"] for r in rows}
+    key = lambda r: (r["step"], r["prompt_id"], r["sample_idx"])  # noqa: E731
+    lost = len({key(r) for r in want} - {key(r) for r in got})
     return {
+        "lost_rollouts": lost,
+        "duplicated_rollouts": max(ids[0]["d"], keys[0]["d"]),
         "lost_steps": sum(1 for k in range(steps) if k not in per_step),
         "duplicated_steps": sum(1 for n in per_step.values() if n > 1),
-        "duplicated_rollouts": ids[0]["d"],
         "rollouts": len(got), "baseline_rollouts": len(want),
         "rollouts_differing": sum(1 for a, b in zip(got, want) if a != b) + abs(len(got) - len(want)),
         "runs_finished": status.count("finished"), "runs": len(status),
     }
+
+
+DRILLS = ("kill", "stop", "full", "takeover")
+
+
+def _total(drills: dict[str, Any], key: str) -> int | None:
+    """The sum over the drills that stored something; None if one left an unreadable store."""
+    if any(str(d.get("store", "")).startswith("unreadable") for d in drills.values()):
+        return None
+    return sum(d.get(key, 0) for d in drills.values())
+
+
+def _checked(root: Path, reference: Path, steps: int) -> dict[str, Any]:
+    """``check``, or why the store could not be read (a damaged catalog is a finding)."""
+    if not (root / "store" / "catalog.sqlite").exists():
+        return {"store": "none"}
+    reader = _READERS.pop(root, None)
+    if reader is not None:  # its SQLite view of the catalog can go stale (see BENCHMARKS.md)
+        reader.close()
+    try:
+        return check(root, reference, steps)
+    except Exception as exc:  # noqa: BLE001 - reported, and counted as a failed drill
+        return {"store": f"unreadable: {exc}"[:400]}
+
+
+def _faults() -> Any:
+    """bench/_faults.py, loaded by path (see the sys.path note above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_faults", Path(__file__).with_name("_faults.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_drills(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The baseline, then each drill asked for on a root of its own, each checked."""
+    pipeline = work / "drill.py"
+    pipeline.write_text(PIPELINE.format(steps=a.steps, every=a.every))
+    started = time.perf_counter()
+    timing = baseline(pipeline, work / "baseline", a.track)
+    faults, this = _faults(), sys.modules[__name__]
+    rng = random.Random(a.seed)
+    drills: dict[str, Any] = {}
+    for name in a.drills:
+        began, root = time.perf_counter(), work / name
+        if name == "kill":
+            log = drill(pipeline, root, a.kills, timing, a.steps, rng, a.track)
+        elif name == "stop":
+            log = faults.stop(this, pipeline, root, a.steps, rng)
+        elif name == "full":
+            log = faults.disk_full(this, pipeline, root, work / "baseline")
+        else:
+            log = faults.takeover(this, pipeline, root, a.steps, rng)
+        drills[name] = {**_checked(root, work / "baseline", a.steps),
+                        "seconds": round(time.perf_counter() - began, 1), "log": log}
+        print(json.dumps({name: drills[name]}, default=str), file=sys.stderr, flush=True)
+    return {"steps": a.steps, "checkpoint_every": a.every,
+            "baseline_startup_seconds": round(timing[0], 1),
+            "baseline_steps_seconds": round(timing[1], 1),
+            "lost_rollouts": _total(drills, "lost_rollouts"),
+            "duplicated_rollouts": _total(drills, "duplicated_rollouts"),
+            "drills": drills, "drill_seconds": round(time.perf_counter() - started, 1)}
 
 
 def main() -> None:
@@ -196,33 +277,37 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--every", type=int, default=3, help="checkpoint every N steps")
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill times")
-    parser.add_argument("--track", action="store_true", help="track in MLflow too")
+    parser.add_argument("--track", action="store_true", help="track in MLflow too (kill drill)")
+    parser.add_argument("--drills", type=lambda t: [d for d in t.split(",") if d],
+                        default=list(DRILLS), help=f"comma-separated, of {','.join(DRILLS)}")
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args()
+    unknown = set(a.drills) - set(DRILLS)
+    if unknown:
+        parser.error(f"--drills: unknown {sorted(unknown)}; known: {', '.join(DRILLS)}")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     with tempfile.TemporaryDirectory(prefix="gfcr-drill-") as tmp:
-        work = Path(tmp)
-        pipeline = work / "drill.py"
-        pipeline.write_text(PIPELINE.format(steps=a.steps, every=a.every))
-        started = time.perf_counter()
-        timing = baseline(pipeline, work / "baseline", a.track)
-        log = drill(pipeline, work / "drilled", a.kills, timing, a.steps, random.Random(a.seed),
-                    a.track)
-        result = {"kills": len(log), "steps": a.steps, "checkpoint_every": a.every,
-                  "baseline_startup_seconds": round(timing[0], 1),
-                  "baseline_steps_seconds": round(timing[1], 1), **check(work / "drilled", work / "baseline", a.steps),
-                  "drill_seconds": round(time.perf_counter() - started, 1), "kill_log": log}
+        result = run_drills(a, Path(tmp))
     if a.json:
-        print(json.dumps(result))
+        print(json.dumps(result, default=str))
         return
+    _print(result)
+
+
+def _print(result: dict[str, Any]) -> None:
     for key, value in result.items():
-        if key != "kill_log":
-            print(f"{key:22} {value}")
-    for i, entry in enumerate(log):
-        print(f"kill {i + 1:2}: {entry['target']:>14}, after {entry['after_s']:5.1f} s; last "
-              f"committed step {entry['step_before']} -> {entry['last_step']}")
-    ok = result["lost_steps"] == result["duplicated_steps"] == result["duplicated_rollouts"] == 0
-    print("OK: 0 lost, 0 duplicated" if ok else "FAILED")
+        if key != "drills":
+            print(f"{key:26} {value}")
+    for name, d in result["drills"].items():
+        counts = {k: v for k, v in d.items() if k != "log"}
+        print(f"\n[{name}] " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+        for entry in d["log"]:
+            print("   ", entry)
+    bad = [n for n, d in result["drills"].items()
+           if d.get("lost_rollouts", 1) or d.get("duplicated_rollouts", 1)
+           or d.get("lost_steps", 1) or d.get("duplicated_steps", 1)]
+    print(f"\nlost rollouts {result['lost_rollouts']}, duplicated rollouts "
+          f"{result['duplicated_rollouts']}: " + ("OK" if not bad else f"FAILED ({', '.join(bad)})"))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr import cli_deploy, cli_model, cli_workers
+from gfcr import cli_deploy, cli_model, cli_store, cli_workers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -72,6 +72,7 @@ def run(
     from gfcr.cancel import RunCancelled
     from gfcr.flow import RunRequest
     from gfcr.cli_errors import explain
+    from gfcr.exits import RunExited
     from gfcr.names import UnsafeName
     from gfcr.resume import ResumeError
     from gfcr.run import new_run_id
@@ -93,10 +94,10 @@ def run(
     except KeyboardInterrupt:
         err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
         raise typer.Exit(130)
-    except (ResumeError, UnsafeName) + backend().errors as e:  # a run held: LeaseHeld
+    except (ResumeError, UnsafeName, RunExited) + backend().errors as e:  # LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
-        _fail(explain(e, root.resolve()) or _reraise(e))
+        _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
     if as_json:
@@ -206,42 +207,8 @@ store_app = typer.Typer(no_args_is_help=True, help="Export or compact a rollout 
 app.add_typer(store_app, name="store")
 
 
-@store_app.command("export")
-def store_export(
-    dest: Path = typer.Argument(..., help="File (parquet, jsonl) or folder (hf) to write."),
-    fmt: str = typer.Option("parquet", "--format", help="parquet, jsonl or hf (datasets)."),
-    table: str = typer.Option("rollouts", help="A table or view of the store."),
-    where: Optional[str] = typer.Option(None, help="SQL condition, e.g. \"kept AND step > 10\"."),
-    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
-    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
-) -> None:
-    """Export rows of the store (read-only) to Parquet, JSONL or a Hugging Face dataset."""
-    from gfcr.storage import backend
-
-    lake = backend()
-    try:
-        with lake.open(store or root / "store", read_only=True, create=False) as s:
-            path = lake.export(s, dest, format=fmt, table=table, where=where)
-    except lake.errors + (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    err.print(f"wrote {path}")
-
-
-@store_app.command("compact")
-def store_compact(
-    root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
-    store: Optional[str] = typer.Option(None, help="Store folder or URI (default ROOT/store)."),
-) -> None:
-    """Merge the store's small Parquet files; time travel keeps working."""
-    from gfcr.storage import backend
-
-    lake = backend()
-    try:
-        with lake.open(store or root / "store", create=False) as s:
-            result = lake.compact(s)
-    except lake.errors as e:
-        _fail(str(e))
-    err.print(f"data files: {result.files_before} -> {result.files_after}")
+store_app.command("export")(cli_store.export)
+store_app.command("compact")(cli_store.compact)
 
 
 replay_app = typer.Typer(no_args_is_help=True, help="Replay stored rollouts without generating.")

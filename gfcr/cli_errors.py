@@ -2,16 +2,22 @@
 
 Beyond pipeline and resume errors (gfcr.pipeline, gfcr.resume), a run can fail because
 of where it writes: a read-only store or root, a full disk, a folder it may not write.
-Those arrive from deep inside DuckDB, SQLite (MLflow) or the file system, often wrapped,
-as hundreds of lines of traceback that never name the path. ``explain`` walks the
-exception chain for them and names the path: the file the OS error gives, else the
-store or MLflow database the failing library writes, else the run root.
+Those arrive from deep inside DuckDB, SQLite (the store's catalog and leases, MLflow) or
+the file system, often wrapped, as hundreds of lines of traceback that never name the
+path. ``explain`` walks the exception chain for them and names what failed: the file the
+OS error gives, else what the code that raised writes, found from the modules in its
+traceback (a SQLite error in ``store.lease`` is the store's lease database, one in
+MLflow's SQLAlchemy is the MLflow database), else the run root. The earliest failure of
+the chain is named: a later one (a lease that could not be released while the run
+stopped) is its consequence. MLflow is named only when the run tracks in MLflow.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
+from types import TracebackType
 
 _DISK = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
          errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
@@ -20,6 +26,11 @@ _MARKERS = {"no space left": "the disk is full", "database or disk is full": "th
             "read-only file system": "the file system is read-only",
             "readonly database": "the database is read-only",
             "permission denied": "permission denied", "disk quota": "the disk quota is exceeded"}
+_OWNERS = (("store.lease", "lease"), ("store", "store"), ("duckdb", "store"),
+           ("_duckdb", "store"), ("mlflow", "mlflow"), ("sqlalchemy", "mlflow"),
+           ("alembic", "mlflow"), ("prefect", "prefect"), ("gfcr.checkpoint", "checkpoints"),
+           ("torch", "checkpoints"), ("gfcr.stash", "staging"), ("gfcr.report", "report"))
+"""Module name prefixes of the code that raised, and what it was writing."""
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -31,27 +42,54 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def explain(exc: BaseException, root: Path) -> str | None:
-    """One paragraph for a storage error in ``exc``'s chain, or None if there is none."""
-    for link in _chain(exc):
+def explain(exc: BaseException, root: Path, *, store: str | None = None,
+            tracking: bool = True) -> str | None:
+    """One paragraph for a storage error in ``exc``'s chain, or None if there is none.
+    ``store``: the run's store (None: ROOT/store); ``tracking``: whether it logs to MLflow."""
+    for link in reversed(_chain(exc)):  # the earliest failure first
         if isinstance(link, OSError) and link.errno in _DISK:
-            where = link.filename or _owner(link, root)
+            where = link.filename or _owner(link, root, store, tracking)
             return _paragraph(_DISK[link.errno], str(where), root)
         text = str(link).lower()
         for marker, why in _MARKERS.items():
             if marker in text:
-                return _paragraph(why, _owner(link, root), root)
+                return _paragraph(why, _owner(link, root, store, tracking), root)
     return None
 
 
-def _owner(exc: BaseException, root: Path) -> str:
-    """The file the library that raised ``exc`` writes under ``root``."""
-    module = type(exc).__module__
-    if module.startswith(("sqlalchemy", "mlflow", "alembic", "sqlite3")):
-        return str(root / "mlflow.db")
-    if module.startswith("duckdb"):
-        return str(root / "store")
-    return str(root)
+def _owner(exc: BaseException, root: Path, store: str | None, tracking: bool) -> str:
+    """What the code that raised ``exc`` writes: the innermost frame of its traceback
+    (or its type's module) that belongs to a known writer."""
+    store_path = store or str(root / "store")
+    places = {"lease": _lease_file(store_path), "store": store_path,
+              "mlflow": str(root / "mlflow.db") if tracking else None,
+              "prefect": _prefect_home(), "checkpoints": str(root / "runs"),
+              "staging": str(root / "staging"), "report": str(root / "runs")}
+    for module in [*_modules(exc.__traceback__), type(exc).__module__]:
+        for prefix, what in _OWNERS:
+            if module == prefix or module.startswith(prefix + "."):
+                if places[what] is not None:
+                    return str(places[what])
+    return f"a file under {str(root)!r}"
+
+
+def _modules(tb: TracebackType | None) -> list[str]:
+    """Module names of a traceback's frames, innermost first."""
+    names: list[str] = []
+    while tb is not None:
+        names.append(str(tb.tb_frame.f_globals.get("__name__", "")))
+        tb = tb.tb_next
+    return names[::-1]
+
+
+def _lease_file(store: str) -> str:
+    if "://" in store:
+        return f"the lease table of {store}"
+    return str(Path(store) / "leases.sqlite")
+
+
+def _prefect_home() -> str:
+    return f"Prefect's database under {os.environ.get('PREFECT_HOME', '~/.prefect')}"
 
 
 def _paragraph(why: str, where: str, root: Path) -> str:

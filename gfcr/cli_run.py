@@ -16,14 +16,25 @@ from typing import Any, Callable
 
 from gfcr.cancel import RunCancelled, Stop, on_signals
 from gfcr.executors import Executor, PrefectExecutor, named
+from gfcr.exits import RunExited, unfinished_exits_fail
 from gfcr.flow import RunRequest, extra_hooks, pipeline_flow, run_request
 
 
 def run(request: RunRequest, executor: str, *, hooks: list[Any],
         notify: Callable[[str], None]) -> Any:
     """The run's RunSummary; raises RunCancelled when it was stopped at a step boundary,
-    and what the run raised when it failed."""
-    chosen: Executor = named(executor)
+    RunExited when code it ran exited (an ``os._exit(0)`` exits with
+    gfcr.exits.UNFINISHED), and what the run raised when it failed."""
+    with unfinished_exits_fail():
+        try:
+            return _run(request, named(executor), hooks=hooks, notify=notify)
+        except SystemExit as exc:  # code the run called exited: the run did not finish
+            raise RunExited(f"the run did not finish: code it ran called exit({exc.code!r}); "
+                            f"continue with: gfcr run --resume {request.run_id}") from exc
+
+
+def _run(request: RunRequest, chosen: Executor, *, hooks: list[Any],
+         notify: Callable[[str], None]) -> Any:
     if isinstance(chosen, PrefectExecutor):
         return _in_flow(request, hooks)
     stop = Stop(notify=notify)
@@ -63,16 +74,20 @@ def _shielded_temporary_server() -> None:
     blocked, a mask the server process inherits. A terminal's Ctrl-C goes to the whole
     foreground process group; without this it also stopped the server, so the run, which
     stops at its next step boundary, could no longer record its state in Prefect and the
-    command ended in a connection error. Prefect stops the server with SIGTERM at exit."""
+    command ended in a connection error. Prefect stops the server with SIGTERM at exit;
+    a watcher stops it when this process dies otherwise (gfcr.reaper)."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():  # a real server: nothing of ours to shield
         return
     from prefect.server.api.server import SubprocessASGIServer
 
+    from gfcr.reaper import dies_with_this_process
+
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        SubprocessASGIServer().start()
+        with dies_with_this_process():  # kill -9 of this process included
+            SubprocessASGIServer().start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 

@@ -157,7 +157,7 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             try:
                 resumed = resume.check(store, run_id, pipeline)
                 body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
-                             stop or Stop(), (generate_pool, score_pool))
+                             stop or Stop(), (generate_pool, score_pool), lease.check)
                 retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
                 return chosen.run(body, run_id=run_id, retried=retried)
             finally:
@@ -168,8 +168,8 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
 
 
 def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any, resumed: bool, stop: Stop,
-          pools: tuple[Any, Any]) -> Callable[[Call, Start], RunSummary]:
+          stash: Any, resumed: bool, stop: Stop, pools: tuple[Any, Any],
+          owned: Callable[[], None]) -> Callable[[Call, Start], RunSummary]:
     def body(call: Call, start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
@@ -183,7 +183,7 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
             rt, policy = placement.build(pipeline, run_id, root, stash, store, commits, pools,
                                          warn)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
-                                  commits, stop), started, resumed)
+                                  commits, stop, owned), started, resumed)
             status = "finished"
             return summary
         except (RunCancelled, KeyboardInterrupt) as exc:
@@ -222,6 +222,9 @@ class _Run:
     policy: Any
     commits: BackgroundCommits
     stop: Stop
+    owned: Callable[[], None]
+    """Raises unless this process still holds the run's lease: called before each step,
+    checkpoint and end-of-run write (the store checks it before its own writes)."""
 
     def evaluate_at(self, label: str, step: int) -> float:
         """Held-out greedy accuracy, as the task ``evaluate[label]``; stored in the
@@ -279,6 +282,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
         accuracy_warmstart=None if initial is None else start, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=progress["warmstart"],
         history=progress["history"], resumed_from=None if ckpt is None else ckpt.step)
+    run.owned()
     summary.report = end_of_run_page(store, run.run_id, run.root)
     _emit(run.hooks, "on_end", summary=summary, status="finished")
     return summary
@@ -305,6 +309,7 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     """One step, then a checkpoint when one is due. A replayed step (committed before a
     resume) runs without committing and is checked against the store instead."""
     p, ev = run.pipeline, run.pipeline.evaluation
+    run.owned()
     rt = replace(run.rt, record=run.rt.record.replaying()) if replayed else run.rt
     report: StepReport = run_step(rt, run.run_id, step, run.call)
     if replayed and report.rollouts is not None:
@@ -319,6 +324,7 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     run.rt.stash.forget(f"{step - 1}/")
     if _checkpoint_due(p, step):
         _checkpoint(run, step, progress)
+    run.owned()  # no step reported to the hooks (MLflow) by a run that lost its lease
     for message, count in ([] if replayed else report.errors):
         _emit(run.hooks, "on_warning", count=count,
               message=f"a scorer raised on rollouts (kept as score_error): {message}")
@@ -336,6 +342,7 @@ def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
     the batches generated ahead of it (gfcr.rounds)."""
     p, services = run.pipeline, run.rt.services
     run.commits.wait()
+    run.owned()
     return Path(run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
         checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
         spec_hash=p.spec_hash(), policy=run.policy, learner=services.learner,

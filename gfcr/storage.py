@@ -139,6 +139,15 @@ class Lease(Protocol):
         ...
 
 
+class HeldLease(Protocol):
+    """A lease this process holds (``StoreBackend.hold``)."""
+
+    def check(self) -> None:
+        """Raise unless this process still holds it: a run that lost its lease (another
+        process took it over) writes nothing more, its status included."""
+        ...
+
+
 class StoreBackend(Protocol):
     """Opens stores and reads their history; ``errors`` are what its calls raise for bad
     input (a missing store, a read-only one written to, a run another process holds),
@@ -153,11 +162,14 @@ class StoreBackend(Protocol):
                 as_of_snapshot: int | None = None) -> History: ...
 
     def export(self, store: Any, dest: Path, *, format: str, table: str,
-               where: str | None) -> Path: ...
+               match: Mapping[str, Any] | None) -> Path:
+        """Write ``table``'s rows whose columns equal ``match``'s values (a (low, high)
+        pair: a range) to ``dest``; typed conditions, never SQL text."""
+        ...
 
     def compact(self, store: Any) -> Any: ...
 
-    def hold(self, store: Any, run_id: str) -> AbstractContextManager[object]:
+    def hold(self, store: Any, run_id: str) -> AbstractContextManager[HeldLease]:
         """The run's lease, held while the block runs: one owner per run id."""
         ...
 

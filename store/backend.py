@@ -5,8 +5,10 @@ stores without importing it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from gfcr.storage import StoreBackend
 
@@ -14,7 +16,7 @@ from ._guard import ReadOnlyError
 from ._location import StoreError, resolve
 from .history import History
 from .lake import RolloutStore
-from .lease import LeaseHeld, LeaseRow, hold, leases
+from .lease import LeaseHeld, LeaseLost, LeaseRow, RunLease, hold, leases
 from .maintenance import CompactResult, compact, export
 from .script import statements
 
@@ -22,7 +24,7 @@ from .script import statements
 class LakeBackend:
     """Opens :class:`RolloutStore` s and builds their :class:`History` views."""
 
-    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError, LeaseHeld)
+    errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError, LeaseHeld, LeaseLost)
 
     def open(self, uri: str | os.PathLike[str], *, read_only: bool = False,
              create: bool = True) -> RolloutStore:
@@ -35,14 +37,14 @@ class LakeBackend:
         return History(store, run_id, as_of_snapshot=as_of_snapshot)
 
     def export(self, store: RolloutStore, dest: Path, *, format: str, table: str,
-               where: str | None) -> Path:
+               match: Mapping[str, Any] | None) -> Path:
         return export(store, dest, format=format, table=table,  # type: ignore[arg-type]
-                      where=where)
+                      match=match)
 
     def compact(self, store: RolloutStore) -> CompactResult:
         return compact(store)
 
-    def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[object]:
+    def hold(self, store: RolloutStore, run_id: str) -> AbstractContextManager[RunLease]:
         return hold(store, run_id)
 
     def leases(self, uri: str | os.PathLike[str]) -> dict[str, LeaseRow]:

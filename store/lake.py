@@ -63,7 +63,7 @@ class RolloutStore:
         self._lock = threading.RLock()
         self._stager: ThreadPoolExecutor | None = None  # writes staged files (_commit)
         self._guards: dict[str, Callable[[], None]] = {}
-        """Per run id, a check a commit of that run calls first (its lease: store.lease)."""
+        """Per run id, a check every write of that run calls first (its lease: store.lease)."""
         self._committed_schemas: set[pa.Schema] = set()
         """Schemas of batches committed through this store: the rollouts table has their
         columns with their types (columns are only ever added), so a batch of one of them
@@ -126,6 +126,7 @@ class RolloutStore:
                   code_version: str) -> bool:
         """Record a new run; return False (and mark it running again) if it exists (a resume)."""
         self._writable("start_run")
+        self._check_guard(run_id)
         row = pa.table({"run_id": [run_id], "pipeline": [pipeline], "spec_yaml": [spec_yaml],
                         "spec_hash": [spec_hash], "code_version": [code_version],
                         "status": ["running"], "started_at": [_now()], "finished_at": [None],
@@ -148,6 +149,7 @@ class RolloutStore:
         """Set the run's final ``status`` (e.g. "finished", "failed", "crashed"),
         ``finished_at`` and, for a run that did not finish, why (``error``)."""
         self._writable("finish_run")
+        self._check_guard(run_id)  # a run that lost its lease leaves the status to the new owner
 
         def body(con: duckdb.DuckDBPyConnection) -> None:
             if not _run_exists(con, run_id):
@@ -162,6 +164,7 @@ class RolloutStore:
         """Record a held-out evaluation in ``evaluations``, replacing the run's row of the
         same ``label`` (a resumed run that evaluates again stores it once)."""
         self._writable("record_evaluation")
+        self._check_guard(run_id)
         row = pa.table({"run_id": [run_id], "step": [step], "label": [label],
                         "accuracy": [float(accuracy)], "n_prompts": [n_prompts],
                         "temperature": [float(temperature)], "max_tokens": [max_tokens],
@@ -176,7 +179,8 @@ class RolloutStore:
             with_retry(lambda: self._transaction(body))
 
     def set_guard(self, run_id: str, check: Callable[[], None] | None) -> None:
-        """Make each ``commit_step`` of ``run_id`` call ``check`` first (None: no more)."""
+        """Make every write of ``run_id`` (its status, steps, evaluations) call ``check``
+        first (None: no more)."""
         if check is None:
             self._guards.pop(run_id, None)
         else:
@@ -193,9 +197,7 @@ class RolloutStore:
         Extra columns become new nullable columns of ``rollouts``.
         """
         self._writable("commit_step")
-        guard = self._guards.get(run_id)
-        if guard is not None:
-            guard()
+        self._check_guard(run_id)
         table = _validate.batch(rollouts, run_id, step)
         step_row = pa.table({
             "run_id": [run_id], "step": [step], "policy_version": [policy_version],
@@ -252,8 +254,8 @@ class RolloutStore:
         query = "SELECT * FROM rollouts" + (f" WHERE {where}" if where else "")
         if len(check_read_only(query)) != 1:
             raise ValueError(f"where clause {where!r} must not contain several statements")
-        with self._lock:
-            table = self._read().execute(query, params).to_arrow_table()
+        with self._lock:  # the sandboxed connection: ``where`` is SQL text
+            table = self._query().execute(query, params).to_arrow_table()
         return _tables.as_rollout_schema(with_turns(table))
 
     def snapshots(self) -> pa.Table:
@@ -271,6 +273,11 @@ class RolloutStore:
         return self._read()
 
     # -- internals ----------------------------------------------------------------------
+
+    def _check_guard(self, run_id: str) -> None:
+        guard = self._guards.get(run_id)
+        if guard is not None:
+            guard()
 
     def _writable(self, what: str) -> None:
         if self.read_only:

@@ -108,3 +108,60 @@ def test_two_fresh_runs_started_together_both_finish(tmp_path):
     found = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
     assert {r.data.tags["gfcr.run_id"] for r in found} == ids
     assert os.path.exists(root / "mlflow.db")
+
+
+def _holder_pid(root):
+    from store import lease
+    from store._location import resolve
+
+    try:
+        catalog, _ = resolve(root / "store", data_path=None, read_only=True, create=False)
+    except Exception:  # noqa: BLE001 - no store yet
+        return None
+    rows = lease.leases(catalog)
+    return next(iter(rows.values())).holder.pid if rows else None
+
+
+def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
+    """Issue 26 item 8 (stale owner writes after a takeover): a run frozen (SIGSTOP) past
+    its lease is taken over by `--resume`; continued (SIGCONT), it stops with an error
+    and leaves the live run's status alone (it wrote `failed` over it)."""
+    (tmp_path / "p.py").write_text(PIPELINE_FILE)
+    root = tmp_path / "root"
+    env = {**os.environ, "GFCR_LEASE_SECONDS": "2"}
+    run = [sys.executable, "-m", "gfcr.cli", "run", "--root", str(root), "--executor", "local",
+           "--no-track", "--steps", "500"]
+    first = subprocess.Popen([*run, str(tmp_path / "p.py")], env=env, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    second = None
+    try:
+        def committed():
+            rows, steps = _state(root)
+            return (rows[0]["run_id"], steps) if rows and steps >= 1 else None
+        run_id, steps = _wait_for(committed, "the first step's commit")
+        # freeze it just after a commit landed, so it is not frozen inside the next one
+        _wait_for(lambda: _state(root)[1] > steps, "the next step's commit")
+        first.send_signal(signal.SIGSTOP)
+        time.sleep(3)  # past its 2 s lease: the next owner may take it over
+        second = subprocess.Popen([*run, "--resume", run_id], env=env, text=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        def taken():
+            assert second.poll() is None, second.communicate()[1][-3000:]
+            return _holder_pid(root) == second.pid
+        _wait_for(taken, "the resume to take the lease")
+        _wait_for(lambda: taken() and _state(root)[0][0]["status"] == "running",
+                  "the resume's start")
+        first.send_signal(signal.SIGCONT)
+        _, err = first.communicate(timeout=300)
+        assert first.returncode != 0 and "taken over by" in err, err[-3000:]
+        assert "Traceback" not in err
+        [row] = _state(root)[0]
+        assert row["status"] == "running" and row["error"] is None
+        assert second.poll() is None  # the live run goes on
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(60)

@@ -16,10 +16,15 @@ from typer.testing import CliRunner
 
 from gfcr.cli import app
 from store import RolloutStore
-from store._guard import DUCKLAKE_FUNCTIONS
 from tests.store.conftest import make_rollouts
 
 runner = CliRunner()
+DUCKLAKE_FUNCTIONS = [  # DuckLake 1.0's functions, ducklake_<name>
+    "add_data_files", "cleanup_old_files", "commit", "current_snapshot",
+    "delete_orphaned_files", "expire_snapshots", "flush_inlined_data",
+    "last_committed_snapshot", "list_files", "merge_adjacent_files", "options",
+    "rewrite_data_files", "scan", "set_commit_message", "set_option", "settings", "snapshots",
+    "table_changes", "table_deletions", "table_info", "table_insertions"]
 LONG_ID = "a-run-id-long-enough-to-be-cut-in-an-80-column-terminal-20261123-101010-abcd"
 
 
@@ -71,6 +76,14 @@ WRITERS = [
     "SELECT * FROM \"ducklake_merge_adjacent_files\"('lake')",
 ] + [f"SELECT * FROM ducklake_{name}('lake')" for name in sorted(DUCKLAKE_FUNCTIONS)]
 
+UNLISTED = [  # issue 26 item 7: names a deny-list missed; the allow-list refuses them all
+    "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()",
+    "SELECT * FROM system.main.checkpoint()", "SELECT * FROM snapshots()",
+    "SELECT * FROM options()", "SELECT * FROM settings()",
+    "SELECT * FROM range(2) UNION ALL SELECT 1 FROM checkpoint()",
+    "SUMMARIZE SELECT * FROM checkpoint()", "SELECT * FROM enable_logging()",
+    "SELECT lake.main.abs(1)"]
+
 
 @pytest.mark.parametrize("query", WRITERS)
 def test_ducklake_functions_are_refused_and_write_nothing(root, query):
@@ -79,6 +92,25 @@ def test_ducklake_functions_are_refused_and_write_nothing(root, query):
     assert result.exit_code == 2, result.output
     assert "refused function(s)" in result.output
     assert _files(root) == files and _snapshots(root) == snapshots
+
+
+@pytest.mark.parametrize("query", UNLISTED)
+def test_allow_list_refuses_unlisted_functions_and_writes_nothing(root, query):
+    files, snapshots = _files(root), _snapshots(root)
+    result = _sql(root, query)
+    assert result.exit_code == 2, result.output
+    assert "refused" in result.output
+    assert _files(root) == files and _snapshots(root) == snapshots
+
+
+def test_allow_list_keeps_the_reading_forms(root):
+    for query in ["DESCRIBE rollouts", "SHOW TABLES", "SUMMARIZE steps",
+                  "PRAGMA table_info('steps')", "EXPLAIN SELECT 1", "FROM steps SELECT step",
+                  "SELECT step, row_number() OVER (ORDER BY step), [1, 2][1], {'a': 1}.a, "
+                  "list_transform([step], x -> x + 1), unnest([1]) FROM steps",
+                  "SELECT count(*) FROM range(3) r, unnest([1, 2]) u"]:
+        result = _sql(root, query, "--format", "csv")
+        assert result.exit_code == 0, (query, result.output)
 
 
 def test_files_outside_the_store_cannot_be_read(root, tmp_path):

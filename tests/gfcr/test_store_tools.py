@@ -57,7 +57,7 @@ def test_statements_and_exports_read_without_gfcr(store: Path, tmp_path: Path) -
     (tmp_path / "store.sql").write_text(printed.output)
     for fmt, name in (("parquet", "kept.parquet"), ("jsonl", "kept.jsonl"), ("hf", "kept-hf")):
         done = cli.invoke(app, ["store", "export", str(tmp_path / name), "--format", fmt,
-                                "--where", "kept", "--store", str(store)])
+                                "--kept", "--store", str(store)])
         assert done.exit_code == 0, done.output
     result = subprocess.run([sys.executable, "-c", WITHOUT_GFCR, str(tmp_path)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
@@ -107,3 +107,30 @@ def test_sql_wants_a_query_or_a_session(store: Path) -> None:
     assert neither.exit_code == 2 and "--duckdb or --ui" in neither.output
     both = cli.invoke(app, ["sql", "SELECT 1", "--duckdb", "--store", str(store)])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_export_takes_no_sql_and_reads_no_host_file(store: Path, tmp_path: Path) -> None:
+    """Issue 26 item 7: `--where` spliced SQL into a query on an unconfined connection,
+    so `UNION ALL BY NAME` exported a host file; now it is refused, and a typed filter's
+    value is only ever a value."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cr3t")
+    out = tmp_path / "out.jsonl"
+    cli = CliRunner()
+    attack = f"false UNION ALL BY NAME SELECT content AS run_id FROM read_text('{secret}')"
+    refused = cli.invoke(app, ["store", "export", str(out), "--format", "jsonl", "--where",
+                               attack, "--store", str(store)])
+    assert refused.exit_code == 2 and "--match COLUMN=VALUE" in refused.output
+    assert not out.exists()
+    typed = cli.invoke(app, ["store", "export", str(out), "--format", "jsonl", "--match",
+                             f"run_id=x' UNION ALL BY NAME SELECT content AS run_id FROM "
+                             f"read_text('{secret}') --", "--store", str(store)])
+    assert typed.exit_code == 0 and out.read_text() == ""
+    ranged = cli.invoke(app, ["store", "export", str(out), "--format", "jsonl", "--run", "r",
+                              "--step", "1:2", "--kept", "--store", str(store)])
+    assert ranged.exit_code == 0, ranged.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    with RolloutStore.open(store, read_only=True) as s:
+        want = s.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = 'r' AND step BETWEEN 1 "
+                     "AND 2 AND kept").column("n")[0].as_py()
+    assert len(rows) == want > 0 and all(r["step"] in (1, 2) and r["kept"] for r in rows)

@@ -106,3 +106,18 @@ def test_a_run_writes_nothing_outside_its_root(tmp_path, pipeline_file):
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "p.py", "root"]
     assert list((tmp_path / "cwd").iterdir()) == []
+
+
+@NEEDS_USERNS
+def test_a_full_disk_is_blamed_on_what_was_full_not_mlflow(tmp_path):
+    """Issue 26 item 8: under --no-track a full disk was blamed on `mlflow.db` (the lease
+    database's SQLite error, raised while the run stopped, was taken for MLflow's)."""
+    (tmp_path / "p.py").write_text(PIPELINE_FILE.replace("steps=1", "steps=60"))
+    root = tmp_path / "root"
+    root.mkdir()
+    full = ("unshare", "-Urm", "sh", "-c",
+            f'mount -t tmpfs -o size=600k tmpfs "{root}" && exec "$0" "$@"')
+    result = _gfcr("run", str(tmp_path / "p.py"), "--root", str(root), "--executor", "local",
+                   "--no-track", prefix=full)
+    _one_paragraph(result, "the disk is full", str(root))
+    assert "mlflow" not in result.stderr.lower()
