@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +32,8 @@ _OWNERS = (("store.lease", "lease"), ("store", "store"), ("duckdb", "store"),
            ("alembic", "mlflow"), ("prefect", "prefect"), ("gfcr.checkpoint", "checkpoints"),
            ("torch", "checkpoints"), ("gfcr.stash", "staging"), ("gfcr.report", "report"))
 """Module name prefixes of the code that raised, and what it was writing."""
+_SHORT_WRITE = ("unexpected pos", "file write failed")
+"""What torch's checkpoint writer raises on a short write, with no errno (a full disk)."""
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -54,7 +57,20 @@ def explain(exc: BaseException, root: Path, *, store: str | None = None,
         for marker, why in _MARKERS.items():
             if marker in text:
                 return _paragraph(why, _owner(link, root, store, tracking), root)
+        if any(marker in text for marker in _SHORT_WRITE):
+            return _paragraph(_short_write(root), _owner(link, root, store, tracking), root)
     return None
+
+
+def _short_write(root: Path) -> str:
+    """Why a write came up short: a full disk where the root's file system has next to
+    nothing left (under 1 MiB, or under 0.5% of it), else the plain fact."""
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError:
+        return "a write was cut short"
+    full = usage.free < max(1 << 20, usage.total // 200)
+    return "the disk is full" if full else "a write was cut short"
 
 
 def _owner(exc: BaseException, root: Path, store: str | None, tracking: bool) -> str:

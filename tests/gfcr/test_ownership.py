@@ -122,10 +122,38 @@ def _holder_pid(root):
     return next(iter(rows.values())).holder.pid if rows else None
 
 
+def _family(pid: int) -> list[int]:
+    """``pid`` and its descendants (the lease renewer and scorer workers run in processes
+    of their own sessions, children of the run's process), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def _signal_family(pid: int, sig: int) -> None:
+    for member in _family(pid):
+        try:
+            os.kill(member, sig)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
     """Issue 26 item 8 (stale owner writes after a takeover): a run frozen (SIGSTOP) past
     its lease is taken over by `--resume`; continued (SIGCONT), it stops with an error
-    and leaves the live run's status alone (it wrote `failed` over it)."""
+    and leaves the live run's status alone (it wrote `failed` over it). The whole run is
+    frozen, its lease renewer's process included, as a suspended machine would be: the
+    renewer alone keeps a frozen run's lease (store._renewer)."""
     (tmp_path / "p.py").write_text(PIPELINE_FILE)
     root = tmp_path / "root"
     env = {**os.environ, "GFCR_LEASE_SECONDS": "2"}
@@ -141,7 +169,7 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
         run_id, steps = _wait_for(committed, "the first step's commit")
         # freeze it just after a commit landed, so it is not frozen inside the next one
         _wait_for(lambda: _state(root)[1] > steps, "the next step's commit")
-        first.send_signal(signal.SIGSTOP)
+        _signal_family(first.pid, signal.SIGSTOP)
         time.sleep(3)  # past its 2 s lease: the next owner may take it over
         second = subprocess.Popen([*run, "--resume", run_id], env=env, text=True,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -152,7 +180,7 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
         _wait_for(taken, "the resume to take the lease")
         _wait_for(lambda: taken() and _state(root)[0][0]["status"] == "running",
                   "the resume's start")
-        first.send_signal(signal.SIGCONT)
+        _signal_family(first.pid, signal.SIGCONT)
         _, err = first.communicate(timeout=300)
         assert first.returncode != 0 and "taken over by" in err, err[-3000:]
         assert "Traceback" not in err
@@ -162,6 +190,6 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
+                _signal_family(proc.pid, signal.SIGCONT)
                 proc.kill()
                 proc.wait(60)
