@@ -103,6 +103,26 @@ def spawn(module: str, args: list[str], *, lazy: tuple[str, ...] = (),
         start_new_session=True))
 
 
+def spawn_piped(module: str, args: list[str], *, lazy: tuple[str, ...] = ()
+                ) -> tuple["subprocess.Popen[bytes]", int, int]:
+    """:func:`spawn` with a pipe each way: ``(proc, to_child, from_child)``, the run's
+    ends. The child's ends go last in its ``args`` (its read end, then its write end) and
+    are closed here once it holds them; nothing leaks when the start fails."""
+    child_reads, to_child = os.pipe()
+    from_child, child_writes = os.pipe()
+    try:
+        proc = spawn(module, [*args, str(child_reads), str(child_writes)], lazy=lazy,
+                     pass_fds=(child_reads, child_writes))
+    except BaseException:
+        os.close(to_child)
+        os.close(from_child)
+        raise
+    finally:
+        os.close(child_reads)
+        os.close(child_writes)
+    return proc, to_child, from_child
+
+
 def running(proc: "subprocess.Popen[bytes]") -> bool:
     """Whether ``proc`` has not ended, asked without reaping it: until :func:`kill` reaps
     it, its pid (and so its process group's id) cannot go to another process."""

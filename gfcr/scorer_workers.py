@@ -83,18 +83,8 @@ class _Worker:
     """One worker process and the two pipes to it."""
 
     def __init__(self) -> None:
-        requests, self._send = os.pipe()
-        self._answers, answers = os.pipe()
-        try:
-            self.proc = childproc.spawn("gfcr._scorer_child", [str(requests), str(answers)],
-                                        lazy=_LAZY, pass_fds=(requests, answers))
-        except BaseException:
-            os.close(self._send)
-            os.close(self._answers)
-            raise
-        finally:
-            os.close(requests)
-            os.close(answers)
+        self.proc, self._send, self._answers = childproc.spawn_piped(
+            "gfcr._scorer_child", [], lazy=_LAZY)
         os.set_blocking(self._send, False)
         self.loaded: set[str] = set()
         self._closed = False

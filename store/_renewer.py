@@ -32,20 +32,10 @@ class Renewer:
 
     def __init__(self, kind: str, target: str, *, renew_sql: str, owner_sql: str,
                  owner: str, interval: float) -> None:
-        control, self._control = os.pipe()
-        self._reports, reports = os.pipe()
         config = json.dumps({"kind": kind, "target": target, "renew": renew_sql,
                              "read": owner_sql, "owner": owner, "interval": interval})
-        try:
-            self.proc = childproc.spawn("store._renewer", [config, str(control), str(reports)],
-                                        lazy=("store", "stages"), pass_fds=(control, reports))
-        except BaseException:
-            os.close(self._control)
-            os.close(self._reports)
-            raise
-        finally:
-            os.close(control)
-            os.close(reports)
+        self.proc, self._control, self._reports = childproc.spawn_piped(
+            "store._renewer", [config], lazy=("store", "stages"))
         os.set_blocking(self._reports, False)
         self._buffer = b""
 

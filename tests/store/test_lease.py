@@ -14,6 +14,7 @@ import pytest
 
 from store import RolloutStore
 from store.lease import LeaseHeld, LeaseLost, RunLease, hold, leases
+from tests.resources.procs import running
 from tests.store.test_durability import pg_database  # noqa: F401 (fixture)
 
 
@@ -144,14 +145,6 @@ with RolloutStore.open(sys.argv[1]) as store:
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_the_renewer_ends_with_the_runs_process(tmp_path):
     """A renewer that outlived its run would keep a dead run's lease alive for ever (on a
     PostgreSQL catalog, where no other host can see that the pid is gone)."""
@@ -160,11 +153,11 @@ def test_the_renewer_ends_with_the_runs_process(tmp_path):
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         renewer = int(run.stdout.readline())
-        assert _running(renewer)
+        assert running(renewer)
     finally:
         run.kill()  # kill -9: no release, no atexit
         run.wait()
     deadline = time.monotonic() + 60
-    while _running(renewer) and time.monotonic() < deadline:
+    while running(renewer) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _running(renewer)
+    assert not running(renewer)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.resources.procs import running
+
 ROOT = Path(__file__).resolve().parents[3]
 _PRELUDE = """
 import json
@@ -108,14 +110,6 @@ def test_a_scorer_worker_ends_with_the_runs_process():
         run.kill()
         run.wait()
     deadline = time.monotonic() + 60
-    while _running(worker) and time.monotonic() < deadline:
+    while running(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _running(worker)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not running(worker)
