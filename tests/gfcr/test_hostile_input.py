@@ -129,6 +129,7 @@ def test_non_finite_or_absurd_hyperparameters_are_refused_naming_the_field(assig
 
 def test_reward_of_1e308_is_clipped_with_a_warning_and_the_weights_stay_finite():
     """main: the advantages became NaN, then the weights, then a torch error."""
+    from gfcr.inprocess import local_services
     from gfcr.loop import Runtime, run_step
     from gfcr.stash import MemoryStash
     from stages import GRPO, GroupSample, UniformSampler, Verify
@@ -137,8 +138,9 @@ def test_reward_of_1e308_is_clipped_with_a_warning_and_the_weights_stay_finite()
         UniformSampler(batch=4), GroupSample(n=4, max_tokens=6),
         Verify(scorer="tests.resources.hostile_rewards:astronomical"), GRPO(lr=1e-3)])
     policy = p.policy.build(seed=0)
-    rt = Runtime(pipeline=p, task=p.task, engine=p.engine.build(policy, seed=0),
-                 learner=p.stages[-1].learner(policy, seed=0), stash=MemoryStash())
+    services = local_services(p.engine.build(policy, seed=0), policy,
+                              p.stages[-1].learner(policy, seed=0))
+    rt = Runtime(pipeline=p, task=p.task, services=services, stash=MemoryStash())
     for step in range(2):
         with pytest.warns(RuntimeWarning, match=rf"step {step}: \d+ reward\(s\) outside the "
                           r"pipeline's reward_range \[-1e\+06, 1e\+06\]"):
