@@ -118,11 +118,13 @@ class RemoteGenerate:
         self.local.close()
 
     def step_metrics(self, ctx: Any, rollouts: pa.Table) -> dict[str, float]:
-        """The step's staleness (versions behind the step's) and its calls' times."""
+        """The step's staleness (versions behind the step's), its calls' times, and how
+        many calls generated its first round (one: a plan is drawn and sent once)."""
         mine = [r for r in self.reports if r["step"] == ctx.step]
         metrics = staleness(rollouts, ctx.policy_version)
         for key in ("worker_s", "wall_s", "delay_s", "load_s"):
             metrics[f"remote/{key}"] = sum(r[key] for r in mine)
+        metrics["remote/first_round_calls"] = float(sum(r["round"] == 0 for r in mine))
         metrics["remote/publish_s"], self.publish_s = self.publish_s, 0.0
         return metrics
 
@@ -159,7 +161,8 @@ class _Waiting:
     def result(self) -> pa.Table:
         sent = self.sent
         report, table = self.owner.calls.collect(sent)
-        report.update(name=sent.call.name, step=self.step, delay_s=sent.delay_s,
-                      wall_s=time.perf_counter() - sent.sent, version=sent.call.policy_version)
+        report.update(name=sent.call.name, step=self.step, round=sent.call.round,
+                      delay_s=sent.delay_s, wall_s=time.perf_counter() - sent.sent,
+                      version=sent.call.policy_version)
         self.owner.reports.append(report)
         return table
