@@ -68,7 +68,7 @@ def test_taking_over_a_dead_runs_lease_crashes_only_its_flow_runs(tmp_path, pref
         dead = RunLease(store.catalog, run_id)
         dead.holder = replace(dead.holder, pid=2**22 + 7)  # no such process here
         dead.acquire()
-        dead._stop.set()
+        dead.stop_renewing()
         time.sleep(0.05)
         later = _flow_run(client, run_id)  # started after the dead process took its lease
         with hold(store, run_id) as lease:
