@@ -30,7 +30,15 @@ TEMP_MARK = ".tmp-"
 
 
 def problem(path: Path) -> str | None:
-    """None if ``path`` looks like a whole DuckLake catalog, else what is wrong with it."""
+    """None if ``path`` looks like a whole DuckLake catalog, else what is wrong with it.
+
+    A catalog this process already has open (another store object on it, a writer on
+    another thread) is not read again: closing any descriptor of a file drops every POSIX
+    lock the process holds on it, so a plain read here would release SQLite's locks
+    under a live writer and let another process write the catalog at the same time. It
+    was checked when it was first opened."""
+    if held_here(path):
+        return None
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -45,6 +53,25 @@ def problem(path: Path) -> str | None:
     if truncated:
         return truncated
     return _foreign(path)
+
+
+def held_here(path: Path) -> bool:
+    """Whether this process has ``path`` open (Linux: ``/proc/self/fd``; elsewhere,
+    False)."""
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        return False
+    try:
+        target = path.resolve()
+    except OSError:
+        return False
+    for fd in fds.iterdir():
+        try:
+            if Path(os.readlink(fd)) == target:
+                return True
+        except OSError:  # closed while listing
+            continue
+    return False
 
 
 def _truncated(path: Path, head: bytes, size: int) -> str | None:

@@ -149,3 +149,36 @@ def test_duckdb_attaches_the_store_from_its_folder(tmp_path, monkeypatch):
         assert con.execute("SELECT count(*) FROM rollouts").fetchone() == (304,)
     finally:
         con.close()
+
+
+_TRY_WRITE = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+try:
+    con.execute("BEGIN IMMEDIATE")
+except sqlite3.OperationalError as exc:
+    print(exc)
+else:
+    print("took the write lock")
+"""
+
+
+def test_checking_an_open_catalog_keeps_this_processs_locks(tmp_path):
+    """Opening a second store object on a catalog this process holds must not drop the
+    first one's locks: closing any descriptor of a file releases every POSIX lock the
+    process holds on it, so a plain read of the header would let another process write
+    the catalog under a live writer ("database disk image is malformed", seen in the
+    fault drills)."""
+    from store._catalog import problem
+
+    catalog = _filled(tmp_path / "s") / "catalog.sqlite"
+    writer = sqlite3.connect(catalog, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # this process now holds the catalog's write lock
+    try:
+        assert problem(catalog) is None
+        other = subprocess.run([sys.executable, "-c", _TRY_WRITE, str(catalog)],
+                               capture_output=True, text=True, check=True)
+        assert other.stdout.strip() == "database is locked"
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
