@@ -123,6 +123,17 @@ def spawn_piped(module: str, args: list[str], *, lazy: tuple[str, ...] = ()
     return proc, to_child, from_child
 
 
+def kill_piped(proc: "subprocess.Popen[bytes]", *fds: int) -> None:
+    """End a child from :func:`spawn_piped` (:func:`kill`) and close the run's ends of
+    its pipes, each at most once."""
+    kill(proc)
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:  # closed already
+            pass
+
+
 def running(proc: "subprocess.Popen[bytes]") -> bool:
     """Whether ``proc`` has not ended, asked without reaping it: until :func:`kill` reaps
     it, its pid (and so its process group's id) cannot go to another process."""

@@ -104,12 +104,7 @@ class _Worker:
         if self._closed:
             return
         self._closed = True
-        childproc.kill(self.proc)
-        for fd in (self._send, self._answers):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        childproc.kill_piped(self.proc, self._send, self._answers)
 
 
 class WorkerPool:

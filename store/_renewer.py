@@ -58,12 +58,7 @@ class Renewer:
     def stop(self) -> None:
         """End the renewer at once. A renewal it had under way is one conditional
         statement: it lands whole or not at all, and only while this run owns the lease."""
-        childproc.kill(self.proc)
-        for fd in (self._control, self._reports):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        childproc.kill_piped(self.proc, self._control, self._reports)
 
 
 def main(args: list[str]) -> None:
