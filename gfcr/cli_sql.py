@@ -126,20 +126,16 @@ def runs_table(where: str | Path) -> Any:
 
     lake = backend()
 
-    sql = ("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash, "
-           "{error} AS error FROM runs ORDER BY started_at")
     try:
         with lake.open(where, read_only=True, create=False) as s:
-            has_error = "error" in s.sql("SELECT * FROM runs LIMIT 0").column_names
-            table = s.sql(sql.format(error="error" if has_error else "NULL::VARCHAR"))
+            table = lake.reads(s).runs()
             held = lake.leases(where)
             rows = table.to_pylist()
             for row in rows:
                 if row["status"] == "running":
                     _crash_status(row, held.get(row["run_id"]))
             if any(r["status"] == "crashed?" for r in rows):  # it may have just ended
-                now = {r["run_id"]: r for r in s.sql(sql.format(
-                    error="error" if has_error else "NULL::VARCHAR")).to_pylist()}
+                now = {r["run_id"]: r for r in lake.reads(s).runs().to_pylist()}
                 for row in rows:
                     if row["status"] == "crashed?":
                         fresh = now[row["run_id"]]

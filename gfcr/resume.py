@@ -51,6 +51,8 @@ import yaml
 
 from gfcr.pipeline import Pipeline
 from gfcr.rollout import col
+from gfcr.row_filter import RowFilter
+from gfcr.storage import backend
 
 MAY_CHANGE = ("steps", "checkpoint")
 """Top-level spec fields a resumed run may change."""
@@ -76,8 +78,7 @@ def identity(spec: dict[str, Any]) -> str:
 
 def stored_run(store: Any, run_id: str) -> dict[str, Any] | None:
     """The ``runs`` row of ``run_id`` (spec_yaml, spec_hash, status, ...), or None."""
-    rows = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id]).to_pylist()
-    return rows[0] if rows else None
+    return backend().reads(store).run(run_id)
 
 
 def stored_pipeline(store: Any, run_id: str) -> Pipeline:
@@ -154,8 +155,8 @@ def _differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def replay_mismatch(store: Any, run_id: str, step: int, replayed: pa.Table) -> int:
     """How many rollouts of a replayed ``step`` differ from the stored ones (by rollout
     id and completion token ids; missing and extra rows count); warns when any do."""
-    stored = store.sql(f"SELECT {col.ROLLOUT_ID}, {col.COMPLETION_IDS} FROM rollouts "
-                       "WHERE run_id = ? AND step = ?", [run_id, step])
+    stored = backend().history(store, run_id).rows(
+        RowFilter(step_min=step, step_max=step), columns=[col.ROLLOUT_ID, col.COMPLETION_IDS])
     a, b = _signature(stored), _signature(replayed)
     differ = max(sum((a - b).values()), sum((b - a).values()))
     if differ:

@@ -276,8 +276,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
     summary = RunSummary(
         run_id=run.run_id, pipeline=p.name, spec_hash=p.spec_hash(), store=str(store.uri),
         mlflow=None, steps=p.steps,
-        rollouts=int(store.sql("SELECT count(*) AS n FROM rollouts WHERE run_id = ?",
-                               [run.run_id]).column("n")[0].as_py()),
+        rollouts=storage.backend().reads(store).rollout_count(run.run_id),
         accuracy_before=start if initial is None else initial,
         accuracy_warmstart=None if initial is None else start, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=progress["warmstart"],

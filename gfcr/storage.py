@@ -18,9 +18,11 @@ import threading
 from contextlib import AbstractContextManager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Literal, Mapping, Protocol, Sequence
 
 import pyarrow as pa
+
+from gfcr.row_filter import EVERY_ROW, Order, RowFilter
 
 
 class History(Protocol):
@@ -42,50 +44,22 @@ class History(Protocol):
         """The pinned snapshot id (None: the live store)."""
         ...
 
+    def rows(self, filter: RowFilter = EVERY_ROW, *, columns: Sequence[str] | None = None,
+             order_by: Order = (), limit: int | None = None) -> pa.Table:
+        """The ``rollouts`` rows that meet ``filter``, as of the snapshot: only
+        ``columns`` (None: every column the store has, extra ones included), sorted by
+        ``order_by`` and at most ``limit`` of them. The store evaluates the filter, the
+        projection, the order and the limit where the rows lie (no SQL from the caller);
+        an unknown column raises ValueError naming it."""
+        ...
+
     def prompt_stats(self, prompt_ids: Sequence[str] | None = None) -> pa.Table:
-        """Per prompt: attempts, successes, Beta posterior and EW pass rate."""
+        """Per prompt: attempts, successes, Beta posterior and EW pass rate (the
+        ``prompt_history`` view); with ``prompt_ids``, one row per id in that order."""
         ...
 
-    def group_stats(self, step: int | None = None,
-                    prompt_ids: Sequence[str] | None = None) -> pa.Table: ...
-
-    def step_metrics(self, run_id: str | None = None) -> pa.Table: ...
-
-    def lineage(self, rollout_id: str) -> pa.Table: ...
-
-    def prompt_evidence(self, *, now: int, half_life: float | None) -> pa.Table:
-        """Per prompt: attempts ``n`` and successes ``s``, each weighed
-        ``0.5 ** ((now - step) / half_life)`` (1 when ``half_life`` is None), and
-        ``last_step``."""
-        ...
-
-    def step_losses(self) -> pa.Table:
-        """Per (step, prompt): attempts ``n`` and failure rate ``loss``."""
-        ...
-
-    def recent_trained(self, *, now: int, window: int) -> pa.Table:
-        """Original rows kept and trained on in the last ``window`` steps, in groups with
-        signal, with ``_times`` (replays so far), newest step first."""
-        ...
-
-    def recent_outcomes(self, *, since_step: int, limit: int,
-                        run_id: str | None = None) -> pa.Table:
-        """``logprobs`` and ``reward`` of the run's attempts from ``since_step`` on,
-        newest first, at most ``limit``."""
-        ...
-
-    def pending_partials(self, run_id: str | None = None) -> pa.Table:
-        """The run's partial rows that no row continues yet, oldest step first, with every
-        column the store has."""
-        ...
-
-    def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
-        """``run_id``, ``group_id`` of other runs' groups with a complete, scored row that
-        meets the SQL condition ``where`` (on the ``rollouts`` columns), in order."""
-        ...
-
-    def group_rows(self, groups: Sequence[tuple[str, str]], *, exclude_run: str) -> pa.Table:
-        """The complete, scored rows of the (run id, group id) ``groups``, in order."""
+    def step_metrics(self, run_id: str | None = None) -> pa.Table:
+        """The ``steps`` rows (policy version, counts, metrics map) of the run, by step."""
         ...
 
 
@@ -148,6 +122,59 @@ class HeldLease(Protocol):
         ...
 
 
+RunView = Literal["report_steps", "drops", "pass_bins", "group_facts", "partial_credit",
+                  "repeated_wrong", "score_errors", "prompt_coverage"]
+"""The per-run views a store serves (``store.run_views`` defines them)."""
+
+
+class RunReads(Protocol):
+    """Named, read-only reads of a store's runs, for ``gfcr runs``, the report, the
+    doctor, resume and the tracker (``StoreBackend.reads``): the store holds their SQL,
+    gfcr none. Values are bound by the store, never spliced into SQL text."""
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        """The ``runs`` row of ``run_id`` (spec_yaml, spec_hash, status, ...), or None."""
+        ...
+
+    def latest_run_ids(self, limit: int) -> list[str]:
+        """The ids of the ``limit`` runs started last, newest first."""
+        ...
+
+    def runs(self) -> pa.Table:
+        """Every run: ``run_id``, ``pipeline``, ``status``, ``started_at``, ``finished_at``,
+        ``spec_hash``, ``error`` (null where the store predates it), by start time."""
+        ...
+
+    def steps(self, run_id: str, *, after: int | None = None) -> pa.Table:
+        """The run's ``steps`` rows (``step``, ``policy_version``, ``n_rollouts``,
+        ``n_kept``, ``metrics``, ``committed_at``) after step ``after``, by step."""
+        ...
+
+    def rollout_columns(self) -> list[str]:
+        """The columns of the store's ``rollouts`` table."""
+        ...
+
+    def rollout_count(self, run_id: str) -> int:
+        """How many rollouts of ``run_id`` the store holds."""
+        ...
+
+    def view(self, name: RunView, run_id: str) -> pa.Table:
+        """The per-run view ``name`` of ``run_id``, aggregated store-side."""
+        ...
+
+    def evaluations(self, run_id: str) -> pa.Table:
+        """Held-out accuracies (``step``, ``accuracy``, ``label``), by step: the
+        ``evaluations`` table's where it holds the run's, else the ``heldout_accuracy``
+        step metric's (labelled ``step=N``)."""
+        ...
+
+    def samples(self, run_id: str, steps: Sequence[int]) -> pa.Table:
+        """At each of ``steps``, one row of each ``kind`` (right, wrong, dropped,
+        unscored): ``step``, ``kind``, ``prompt``, ``completion``, ``answer``, ``reward``,
+        ``dropped_by``, ``drop_reason``, ``finish_reason``; by step and kind."""
+        ...
+
+
 class StoreBackend(Protocol):
     """Opens stores and reads their history; ``errors`` are what its calls raise for bad
     input (a missing store, a read-only one written to, a run another process holds),
@@ -165,6 +192,10 @@ class StoreBackend(Protocol):
                match: Mapping[str, Any] | None) -> Path:
         """Write ``table``'s rows whose columns equal ``match``'s values (a (low, high)
         pair: a range) to ``dest``; typed conditions, never SQL text."""
+        ...
+
+    def reads(self, store: Any) -> RunReads:
+        """The named reads of the open ``store``'s runs."""
         ...
 
     def compact(self, store: Any) -> Any: ...

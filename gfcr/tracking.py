@@ -171,9 +171,9 @@ class MlflowHook:
         process's unwritten batch), from their ``steps`` rows."""
         from mlflow.entities import Metric
 
-        rows = store.sql("SELECT step, metrics, committed_at FROM steps WHERE run_id = ? "
-                         "AND step > ? ORDER BY step",
-                         [run_id, _last_step(self._run.info.run_id)]).to_pylist()
+        from gfcr.storage import backend
+
+        rows = backend().reads(store).steps(run_id, after=_last_step(self._run.info.run_id)).to_pylist()
         for row in rows:
             at = int(row["committed_at"].timestamp() * 1000)
             self._buffer += [Metric(_key(k), v, at, row["step"]) for k, v in row["metrics"]

@@ -9,6 +9,7 @@ name the store and run they came from in the extra column ``replay_source``. Poi
 """
 
 from gfcr import Pipeline
+from gfcr.row_filter import RowFilter
 from stages import (GRPO, CrossRunReplay, DynamicSampling, GroupSample, UniformSampler,
                     Verify)
 from pipelines.default import LR, SETUP
@@ -21,7 +22,7 @@ pipeline = Pipeline(
     stages=[
         # --- Replay: 32 new prompts; after filtering, 4 groups shared by other runs
         UniformSampler(batch=32),
-        CrossRunReplay(source=".gfcr/store", where="kept AND reward > 0", groups=4),
+        CrossRunReplay(source=".gfcr/store", match=RowFilter(kept=True, reward_above=0.0), groups=4),
         # --- Generate: a group of samples per prompt
         GroupSample(n=8, temperature=1.0, max_tokens=8),
         # --- Filter: score with the task's verifier, drop groups with no signal

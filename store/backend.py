@@ -18,6 +18,7 @@ from .history import History
 from .lake import RolloutStore
 from .lease import LeaseHeld, LeaseLost, LeaseRow, RunLease, hold, leases
 from .maintenance import CompactResult, compact, export
+from .reads import RunReads
 from .script import statements
 
 
@@ -40,6 +41,9 @@ class LakeBackend:
                match: Mapping[str, Any] | None) -> Path:
         return export(store, dest, format=format, table=table,  # type: ignore[arg-type]
                       match=match)
+
+    def reads(self, store: RolloutStore) -> RunReads:
+        return RunReads(store)
 
     def compact(self, store: RolloutStore) -> CompactResult:
         return compact(store)

@@ -7,24 +7,27 @@ and since every commit is one snapshot, a run resumed after a crash reads exactl
 rows — and so draws exactly the prompts — that the original run did, even if other runs
 have committed since.
 
-The numbers come from the shipped views (``store.views``, where the definitions are);
-results are Arrow tables with the fixed schemas below, so stages can rely on the types.
+Stages read rows with ``rows(filter, columns=...)``: a typed ``gfcr.row_filter.RowFilter``
+that becomes a WHERE clause with bound parameters (``store._rows``), so the conditions
+and the projection reach the Parquet scan; each stage aggregates what it reads itself,
+in Arrow. The per-prompt and per-step numbers come from the shipped views
+(``store.views``, where the definitions are); results are Arrow tables with the fixed
+schemas below, so stages can rely on the types.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
-from ._duck import quote_literal
+from gfcr.row_filter import EVERY_ROW, Order, RowFilter
+
+from . import _rows
 from ._location import StoreError
 from .lake import RolloutStore
 from .views import EW_HALF_LIFE, view_query
-
-ATTEMPT = "status = 'complete' AND reward IS NOT NULL AND replay_count = 0"
-"""SQL condition of an attempt: a complete, scored, original rollout (the same as the
-``prompt_history`` view's)."""
 
 PROMPT_STATS_SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("task", pa.string()), ("attempts", pa.int64()),
@@ -71,6 +74,7 @@ class History:
         self.run_id = run_id
         self.snapshot = as_of_snapshot
         self.half_life = half_life
+        self._have: tuple[str, ...] | None = None
 
     def __repr__(self) -> str:
         return f"History({self.store.uri!r}, run_id={self.run_id!r}, snapshot={self.snapshot!r})"
@@ -86,10 +90,10 @@ class History:
         With ``prompt_ids``, one row per id in that order; a prompt never attempted gets
         0 attempts and the Beta(1, 1) prior (mean 1/2, variance 1/12).
         """
-        source = self._source("rollouts", prompt_ids=prompt_ids)
+        source, params = self._source("rollouts", prompt_ids=prompt_ids)
         body = view_query("prompt_history", rollouts=source, half_life=self.half_life)
         if prompt_ids is None:
-            return self._query(f"SELECT * FROM ({body}) ORDER BY prompt_id", None, PROMPT_STATS_SCHEMA)
+            return self._query(f"SELECT * FROM ({body}) ORDER BY prompt_id", params, PROMPT_STATS_SCHEMA)
         query = f"""
             SELECT ids.prompt_id, h.task, coalesce(h.attempts, 0) AS attempts,
                    coalesce(h.successes, 0) AS successes, h.last_step,
@@ -99,24 +103,24 @@ class History:
                          generate_subscripts($prompt_ids::VARCHAR[], 1) AS i) ids
             LEFT JOIN ({body}) h USING (prompt_id)
             ORDER BY ids.i"""
-        return self._query(query, {"prompt_ids": list(prompt_ids)}, PROMPT_STATS_SCHEMA)
+        return self._query(query, {**params, "prompt_ids": list(prompt_ids)}, PROMPT_STATS_SCHEMA)
 
     def group_stats(self, step: int | None = None, prompt_ids: Sequence[str] | None = None) -> pa.Table:
         """Per-group size, kept count, pass rate and reward mean/std, optionally of one step."""
-        source = self._source("rollouts", prompt_ids=prompt_ids, step=step)
+        source, params = self._source("rollouts", prompt_ids=prompt_ids, step=step)
         body = view_query("group_stats", rollouts=source)
-        params = None if prompt_ids is None else {"prompt_ids": list(prompt_ids)}
         return self._query(f"SELECT * FROM ({body}) ORDER BY run_id, step, group_id", params, GROUP_STATS_SCHEMA)
 
     def step_metrics(self, run_id: str | None = None) -> pa.Table:
         """The ``steps`` rows (policy version, counts, metrics map) of a run, by step."""
         run = run_id if run_id is not None else self.run_id
-        body = view_query("step_metrics", steps=self._source("steps", run_id=run))
-        return self._query(f"SELECT * FROM ({body}) ORDER BY run_id, step", None, None)
+        source, params = self._source("steps", run_id=run)
+        body = view_query("step_metrics", steps=source)
+        return self._query(f"SELECT * FROM ({body}) ORDER BY run_id, step", params, None)
 
     def lineage(self, rollout_id: str) -> pa.Table:
         """``rollout_id`` and its chain of parents (continuations, branches), nearest first."""
-        source = self._source("rollouts")
+        source, params = self._source("rollouts")
         query = f"""
             WITH RECURSIVE chain(depth, rollout_id) AS (
                 SELECT 0::BIGINT, $rollout_id::VARCHAR
@@ -127,119 +131,41 @@ class History:
             SELECT chain.depth, lineage.* FROM chain
             JOIN ({view_query('lineage', rollouts=source)}) lineage USING (rollout_id)
             ORDER BY chain.depth"""
-        return self._query(query, {"rollout_id": rollout_id}, LINEAGE_SCHEMA)
+        return self._query(query, {**params, "rollout_id": rollout_id}, LINEAGE_SCHEMA)
 
-    # ------------------------------------------------------------ reads of replay and control stages
+    def rows(self, filter: RowFilter = EVERY_ROW, *, columns: Sequence[str] | None = None,
+             order_by: Order = (), limit: int | None = None) -> pa.Table:
+        """The ``rollouts`` rows meeting ``filter`` at the pinned snapshot (the history's
+        run unless ``filter.run_ids`` names others): ``columns`` (None: all, with every
+        extra column the store has), by ``order_by``, at most ``limit``. The filter, the
+        projection and the limit run in DuckDB, on the Parquet scan."""
+        if not isinstance(filter, RowFilter):
+            raise TypeError(f"rows: filter must be a gfcr.row_filter.RowFilter, not "
+                            f"{type(filter).__name__} (the store takes no SQL conditions)")
+        have = self._columns() if columns is not None or order_by else ()
+        sql, params = _rows.query(f"lake.rollouts{self._at()}", filter, run_id=self.run_id,
+                                  have=have, columns=columns, order_by=order_by, limit=limit)
+        return self.store.sql(sql, params)
 
-    def prompt_evidence(self, *, now: int, half_life: float | None) -> pa.Table:
-        """Per prompt: discounted attempts ``n`` and successes ``s``, and ``last_step``.
-
-        An attempt at step ``t`` weighs ``0.5 ** ((now - t) / half_life)`` (1 when
-        ``half_life`` is None), so the evidence of a policy long gone fades.
-        """
-        weight = "1.0" if half_life is None else f"pow(0.5, ({int(now)} - step) / {float(half_life)})"
-        query = f"""
-            SELECT prompt_id, sum({weight})::DOUBLE AS n,
-                   sum(CASE WHEN reward > 0 THEN {weight} ELSE 0 END)::DOUBLE AS s,
-                   max(step)::BIGINT AS last_step
-            FROM {self._source("rollouts")} WHERE {ATTEMPT}
-            GROUP BY prompt_id ORDER BY prompt_id"""
-        return self.store.sql(query)
-
-    def step_losses(self) -> pa.Table:
-        """Per (step, prompt): attempts ``n`` and failure rate ``loss`` (1 - share of
-        successes)."""
-        query = f"""
-            SELECT step, prompt_id, count(*)::BIGINT AS n,
-                   avg(CASE WHEN reward > 0 THEN 0.0 ELSE 1.0 END) AS loss
-            FROM {self._source("rollouts")} WHERE {ATTEMPT}
-            GROUP BY step, prompt_id ORDER BY step, prompt_id"""
-        return self.store.sql(query)
-
-    def recent_trained(self, *, now: int, window: int) -> pa.Table:
-        """Original rollouts the run kept and trained on in the last ``window`` steps, in
-        groups whose kept rewards are not all equal (a flat group has no GRPO signal), with
-        ``_times``: how often each was replayed already. Ordered newest step first."""
-        src = self._source("rollouts")
-        recent = f"rollouts.step >= {int(now) - int(window)}"
-        query = f"""
-            WITH used AS (
-                SELECT parent_id, count(*)::BIGINT AS times FROM {src}
-                WHERE replay_count > 0 AND parent_id IS NOT NULL GROUP BY parent_id),
-            signal AS (
-                SELECT group_id FROM {src} WHERE kept AND {recent} AND replay_count = 0
-                GROUP BY group_id HAVING max(reward) > min(reward))
-            SELECT rollouts.*, coalesce(used.times, 0)::BIGINT AS _times
-            FROM {src} LEFT JOIN used ON used.parent_id = rollouts.rollout_id
-            WHERE rollouts.kept AND rollouts.consumed_at_step IS NOT NULL
-              AND rollouts.status = 'complete' AND rollouts.replay_count = 0 AND {recent}
-              AND rollouts.group_id IN (SELECT group_id FROM signal)
-            ORDER BY rollouts.step DESC, rollouts.group_id, rollouts.sample_idx"""
-        return self.store.sql(query)
-
-    def recent_outcomes(self, *, since_step: int, limit: int, run_id: str | None = None) -> pa.Table:
-        """``logprobs`` and ``reward`` of the run's attempts from ``since_step`` on, newest
-        first (then by rollout id), at most ``limit`` rows."""
-        source = self._source("rollouts", run_id=run_id, step_from=since_step)
-        query = f"""
-            SELECT logprobs, reward FROM {source}
-            WHERE {ATTEMPT} ORDER BY step DESC, rollout_id LIMIT {int(limit)}"""
-        return self.store.sql(query)
-
-    def pending_partials(self, run_id: str | None = None) -> pa.Table:
-        """Partial rows of the run that no row continues yet, oldest step first, with every
-        column the store has: extra ones (``hint_tokens``, ...) exist only where a stage
-        wrote them."""
-        query = f"""
-            SELECT p.* FROM {self._source("rollouts", run_id=run_id, alias="p")}
-            WHERE p.status = 'partial' AND NOT EXISTS (
-                SELECT 1 FROM {self._source("rollouts", run_id=run_id, alias="c")}
-                WHERE c.parent_id = p.rollout_id)
-            ORDER BY p.step, p.group_id, p.sample_idx"""
-        return self.store.sql(query)
-
-    def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
-        """``run_id``, ``group_id`` of the groups of runs other than ``exclude_run`` with a
-        complete, scored row that meets the SQL condition ``where``, in that order."""
-        query = (f"SELECT DISTINCT run_id, group_id FROM {self._scored(exclude_run)} "
-                 f"WHERE ({where}) ORDER BY run_id, group_id")
-        return self.store.sql(query)
-
-    def group_rows(self, groups: Sequence[tuple[str, str]], *, exclude_run: str) -> pa.Table:
-        """The complete, scored rows of the (run id, group id) ``groups`` (none of
-        ``exclude_run``), by run, group and sample."""
-        wanted = [f"{run}\x00{group}" for run, group in groups]
-        query = f"""
-            SELECT * FROM {self._scored(exclude_run)}
-            WHERE list_contains($wanted::VARCHAR[], run_id || chr(0) || group_id)
-            ORDER BY run_id, group_id, sample_idx"""
-        return self.store.sql(query, {"wanted": wanted})
-
-    def _scored(self, exclude_run: str) -> str:
-        """The complete, scored rollouts of every run but ``exclude_run``, as ``rollouts``."""
-        return (f"(SELECT * FROM lake.rollouts{self._at()} WHERE status = 'complete' AND reward IS NOT NULL"
-                f" AND run_id <> {quote_literal(exclude_run)}) AS rollouts")
+    def _columns(self) -> tuple[str, ...]:
+        """The rollouts table's columns at the snapshot (kept when pinned: they cannot change)."""
+        if self._have is None or self.snapshot is None:
+            self._have = tuple(self.store.sql(f"SELECT * FROM lake.rollouts{self._at()} LIMIT 0").column_names)
+        return self._have
 
     def _at(self) -> str:
         return "" if self.snapshot is None else f" AT (VERSION => {int(self.snapshot)})"
 
     def _source(self, table: str, *, run_id: str | None = None, prompt_ids: Sequence[str] | None = None,
-                step: int | None = None, step_from: int | None = None, alias: str | None = None) -> str:
-        """A FROM-clause source for ``table`` at the pinned snapshot, filtered as asked
-        (``run_id`` defaults to the history's run), named ``alias`` (default: ``table``)."""
-        run = run_id if run_id is not None else self.run_id
-        where = []
-        if run is not None:
-            where.append(f"run_id = {quote_literal(run)}")
-        if step is not None:
-            where.append(f"step = {int(step)}")
-        if step_from is not None:
-            where.append(f"step >= {int(step_from)}")
-        if prompt_ids is not None:
-            where.append("list_contains($prompt_ids::VARCHAR[], prompt_id)")
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        return f"(SELECT * FROM lake.{table}{self._at()}{clause}) AS {alias or table}"
+                step: int | None = None) -> tuple[str, dict[str, Any]]:
+        """A FROM-clause source for ``table`` at the pinned snapshot, named ``table``,
+        filtered as asked (``run_id`` defaults to the history's run), and its parameters."""
+        only = RowFilter(run_ids=None if run_id is None else (run_id,), step_min=step, step_max=step,
+                         prompt_ids=None if prompt_ids is None else tuple(prompt_ids))
+        terms, params = _rows.where(only, run_id=self.run_id)
+        clause = f" WHERE {' AND '.join(terms)}" if terms else ""
+        return f"(SELECT * FROM lake.{table}{self._at()}{clause}) AS {table}", params
 
     def _query(self, query: str, params: dict | None, schema: pa.Schema | None) -> pa.Table:
-        table = self.store.sql(query, params)
+        table = self.store.sql(query, params or None)
         return table if schema is None else table.cast(schema)

@@ -1,13 +1,14 @@
 """What ``gfcr doctor`` reads beyond the report's per-step series: group statistics,
-partial credit, score errors and prompt coverage. Read-only queries on an open store."""
+partial credit, score errors and prompt coverage: the store's run views (``group_facts``,
+``partial_credit``, ``repeated_wrong``, ``score_errors``, ``prompt_coverage``; store.run_views),
+read-only, through ``StoreBackend.reads``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfcr.report.data import RunData, aligned, load_run
-from gfcr.rollout import SCORER_FAILED_SQL
+from gfcr.report.data import RunData, aligned, load_run, reads
 
 
 @dataclass
@@ -36,60 +37,14 @@ def gather(store: Any, run_id: str) -> Facts:
     """The run's data (ReportError for an unknown or empty run) and the doctor's extras."""
     run = load_run(store, run_id, samples=False)
     facts = Facts(run)
-    facts.group = aligned(run.steps, store.sql(_GROUPS, [run_id]))
-    facts.partial = aligned(run.steps, store.sql(_PARTIAL, [run_id]))
-    facts.repeated_wrong = store.sql(_REPEATED_WRONG, [run_id]).to_pylist()
-    facts.errors = store.sql(
-        "SELECT regexp_replace(score_error, '''[^'']*''', '''…''', 'g') AS error, count(*) AS n, "
-        "min(step) AS first_step, max(step) AS last_step FROM rollouts "
-        f"WHERE run_id = ? AND {SCORER_FAILED_SQL} GROUP BY 1 ORDER BY n DESC LIMIT 3",
-        [run_id]).to_pylist()
-    facts.prompts = store.sql(_PROMPTS, [run_id]).to_pylist()[0]
+    read = reads(store)
+    facts.group = aligned(run.steps, read.view("group_facts", run_id))
+    facts.partial = aligned(run.steps, read.view("partial_credit", run_id))
+    facts.repeated_wrong = read.view("repeated_wrong", run_id).to_pylist()
+    facts.errors = read.view("score_errors", run_id).to_pylist()
+    facts.prompts = read.view("prompt_coverage", run_id).to_pylist()[0]
     facts.prompts["train"] = _train_size(store, run_id)
     return facts
-
-
-_GROUPS = """
-SELECT step, count(*) AS groups,
-       avg((n_rewards = 1)::INT) AS zero_variance,
-       avg((n_texts = 1 AND size > 1)::INT) AS identical,
-       avg((n_texts = 1 AND size > 1 AND top < 1)::INT) AS identical_wrong,
-       avg(1 - n_texts / size) AS duplicate
-FROM (SELECT step, group_id, count(*) AS size, count(DISTINCT reward) AS n_rewards,
-             count(DISTINCT hash(completion)) AS n_texts, max(reward) AS top
-      FROM rollouts WHERE run_id = ? AND replay_count = 0 AND reward IS NOT NULL
-        AND status = 'complete'
-      GROUP BY step, group_id)
-GROUP BY step ORDER BY step
-"""
-
-_PARTIAL = """
-SELECT step,
-       avg((reward > 0 AND reward < 1)::INT) AS rewarded_wrong,
-       sum(reward) FILTER (WHERE reward > 0 AND reward < 1) / nullif(sum(reward) FILTER (WHERE reward > 0), 0)
-         AS wrong_reward_mass
-FROM rollouts WHERE run_id = ? AND reward IS NOT NULL AND replay_count = 0
-GROUP BY step ORDER BY step
-"""
-
-_REPEATED_WRONG = """
-SELECT any_value(completion) AS completion, count(DISTINCT prompt_id) AS prompts,
-       count(*) AS rows, avg(reward) AS reward, min(step) AS first_step, max(step) AS last_step
-FROM rollouts WHERE run_id = ? AND reward > 0 AND reward < 1 AND replay_count = 0
-GROUP BY hash(completion) ORDER BY prompts DESC, rows DESC LIMIT 3
-"""
-
-_PROMPTS = """
-WITH p AS (
-    SELECT prompt_id, count(DISTINCT step) FILTER (WHERE reward IS NOT NULL) AS steps_attempted,
-           count_if(reward >= 1) AS successes
-    FROM rollouts WHERE run_id = ? AND replay_count = 0 GROUP BY prompt_id)
-SELECT count(*) AS sampled, count_if(steps_attempted > 0) AS attempted,
-       count_if(steps_attempted >= 2 AND successes = 0) AS never_solved,
-       count_if(steps_attempted >= 2) AS attempted_twice,
-       sum(steps_attempted) AS draws
-FROM p
-"""
 
 
 def _train_size(store: Any, run_id: str) -> int | None:

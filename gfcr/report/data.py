@@ -1,8 +1,9 @@
-"""What a report or a diagnosis reads from a rollout store, per run, in a few SQL queries.
+"""What a report or a diagnosis reads from a rollout store, per run, in a few reads.
 
-Everything is aggregated in DuckDB (per step, per group, per stage), so a run of a
-million rollouts is read in seconds: no per-rollout row leaves the database except the
-few sampled completions. The store is opened read-only by the caller; nothing here writes.
+Everything is aggregated store-side (per step, per group, per stage: the store's run
+views, read through ``StoreBackend.reads``, gfcr.storage.RunReads), so a run of a million
+rollouts is read in seconds: no per-rollout row leaves the database except the few
+sampled completions. The store is opened read-only by the caller; nothing here writes.
 
 Held-out accuracy is read by :func:`accuracies` alone: from an ``evaluations`` table
 where the store has one, else from the ``heldout_accuracy`` step metric.
@@ -14,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfcr.rollout import ROLLOUT_SCHEMA, SCORER_FAILED_SQL
+from gfcr.rollout import ROLLOUT_SCHEMA
+from gfcr.storage import RunReads, backend
 
 NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
                   "prompt", "answer", "reward", "score_error", "kept", "dropped_by",
@@ -58,9 +60,14 @@ class RunData:
         return any(math.isfinite(v) for v in self.series.get(name, []))
 
 
+def reads(store: Any) -> RunReads:
+    """The open ``store``'s named run reads (its backend's)."""
+    return backend().reads(store)
+
+
 def check_schema(store: Any) -> None:
     """Raise ReportError naming what an older store lacks."""
-    have = set(store.sql("SELECT * FROM rollouts LIMIT 0").column_names)
+    have = set(reads(store).rollout_columns())
     missing = [c for c in NEEDED_COLUMNS if c not in have]
     if missing:
         raise ReportError(
@@ -71,18 +78,17 @@ def check_schema(store: Any) -> None:
 
 def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     """Everything about ``run_id`` the report shows; ReportError for an unknown or empty run."""
-    runs = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id]).to_pylist()
-    if not runs:
-        known = [r["run_id"] for r in store.sql(
-            "SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5").to_pylist()]
+    read = reads(store)
+    run = read.run(run_id)
+    if run is None:
+        known = read.latest_run_ids(5)
         raise ReportError(f"no run {run_id!r} in store {store.uri!r}; "
                           f"its latest runs: {known or 'none'} (gfcr runs lists them all)")
-    step_rows = store.sql("SELECT step, policy_version, n_rollouts, n_kept, metrics FROM steps "
-                          "WHERE run_id = ? ORDER BY step", [run_id]).to_pylist()
+    step_rows = read.steps(run_id).to_pylist()
     if not step_rows:
         raise ReportError(f"run {run_id!r} in store {store.uri!r} has no committed step "
-                          f"(status {runs[0]['status']!r}): nothing to report yet")
-    data = RunData(run_id, runs[0], [r["step"] for r in step_rows])
+                          f"(status {run['status']!r}): nothing to report yet")
+    data = RunData(run_id, run, [r["step"] for r in step_rows])
     _step_metrics(data, step_rows)
     _rollout_series(store, data)
     data.drops = _drops(store, data)
@@ -104,38 +110,9 @@ def _step_metrics(data: RunData, rows: list[dict[str, Any]]) -> None:
             series[i] = math.nan if value is None else float(value)
 
 
-_PER_STEP = """
-SELECT step,
-       count(*) AS rows,
-       avg(kept::INT) AS kept_share,
-       avg(n_tokens) AS length_mean,
-       quantile_cont(n_tokens, 0.95) AS length_p95,
-       avg((finish_reason = 'length')::INT) AS truncated_share,
-       avg(reward) FILTER (WHERE fresh) AS sampled_reward,
-       avg((reward >= 1)::INT) FILTER (WHERE fresh AND reward IS NOT NULL) AS sampled_pass_rate,
-       avg(""" + SCORER_FAILED_SQL + """::INT) AS score_error_share,
-       avg(coalesce(score_error ILIKE '%timeout%', false)::INT) AS score_timeout_share,
-       avg((NOT fresh)::INT) AS replayed_share,
-       avg(stale::DOUBLE) FILTER (WHERE kept AND stale > 0) AS staleness_mean,
-       max(stale) FILTER (WHERE kept) AS staleness_max,
-       avg((stale > 0)::INT) FILTER (WHERE kept) AS offpolicy_row_share,
-       -sum(list_sum(logprobs)) FILTER (WHERE fresh AND n_tokens > 0)
-         / nullif(sum(n_tokens) FILTER (WHERE fresh AND n_tokens > 0), 0) AS sampled_nll,
-       sqrt(var_samp(-list_sum(logprobs) / n_tokens) FILTER (WHERE fresh AND n_tokens > 0)
-            / count(*) FILTER (WHERE fresh AND n_tokens > 0)) AS sampled_nll_se
-FROM (SELECT r.*, replay_count = 0 AS fresh, v.newest - policy_version_start AS stale
-      FROM rollouts r JOIN (
-          SELECT step, coalesce(max(policy_version_end) FILTER (WHERE replay_count = 0),
-                                max(policy_version_end)) AS newest
-          FROM rollouts WHERE run_id = $1 GROUP BY step) v USING (step)
-      WHERE r.run_id = $1)
-GROUP BY step ORDER BY step
-"""
-
-
 def _rollout_series(store: Any, data: RunData) -> None:
-    """Per-step aggregates over the run's rollouts (one query)."""
-    table = store.sql(_PER_STEP, [data.run_id])  # $1 twice
+    """Per-step aggregates over the run's rollouts (the ``report_steps`` view)."""
+    table = reads(store).view("report_steps", data.run_id)
     for name, series in aligned(data.steps, table).items():
         data.series[f"store/{name}"] = series
 
@@ -156,9 +133,7 @@ def aligned(steps: list[int], table: Any) -> dict[str, list[float]]:
 
 
 def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
-    rows = store.sql("SELECT step, dropped_by, coalesce(drop_reason, '?') AS reason, count(*) AS n "
-                     "FROM rollouts WHERE run_id = ? AND NOT kept GROUP BY ALL",
-                     [data.run_id]).to_pylist()
+    rows = reads(store).view("drops", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
     out: dict[str, list[float]] = {}
     for row in rows:
@@ -167,18 +142,9 @@ def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
     return dict(sorted(out.items(), key=lambda kv: -sum(kv[1])))
 
 
-def _pass_bin_sql() -> str:
-    return ("CASE WHEN pass_rate = 0 THEN 0 WHEN pass_rate <= 0.25 THEN 1 WHEN pass_rate <= 0.5 "
-            "THEN 2 WHEN pass_rate <= 0.75 THEN 3 WHEN pass_rate < 1 THEN 4 ELSE 5 END")
-
-
 def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
     """Per step, the share of the step's groups (fresh, scored) in each pass-rate bin."""
-    rows = store.sql(
-        f"SELECT step, {_pass_bin_sql()} AS bin, count(*) AS n FROM ("
-        "  SELECT step, group_id, avg((reward >= 1)::INT) AS pass_rate FROM rollouts"
-        "  WHERE run_id = ? AND reward IS NOT NULL AND replay_count = 0 GROUP BY step, group_id)"
-        " GROUP BY ALL", [data.run_id]).to_pylist()
+    rows = reads(store).view("pass_bins", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
     counts = [[0.0] * len(PASS_LABELS) for _ in data.steps]
     for row in rows:
@@ -193,41 +159,13 @@ def accuracies(store: Any, run_id: str) -> list[tuple[int, float, str]]:
     ``accuracy`` and, if present, ``label`` and ``evaluated_at``) where it holds the run's,
     else from the ``heldout_accuracy`` metric of the ``steps`` rows (a store from before
     that table)."""
-    tables = {r["table_name"] for r in store.sql(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").to_pylist()}
-    if "evaluations" in tables:
-        cols = {r["column_name"] for r in store.sql(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'evaluations' "
-            "AND database_name = current_database()").to_pylist()}
-        label = "label" if "label" in cols else "''"
-        order = "step, evaluated_at" if "evaluated_at" in cols else "step"
-        rows = store.sql(f"SELECT step, accuracy, {label} AS label FROM evaluations "
-                         f"WHERE run_id = ? ORDER BY {order}", [run_id]).to_pylist()
-        if rows:
-            return [(r["step"], float(r["accuracy"]), str(r["label"] or "")) for r in rows]
-    rows = store.sql("SELECT step + 1 AS step, metrics['heldout_accuracy'] AS accuracy FROM steps "
-                     "WHERE run_id = ? AND metrics['heldout_accuracy'] IS NOT NULL ORDER BY step",
-                     [run_id]).to_pylist()
-    return [(r["step"], float(r["accuracy"]), f"step={r['step']}") for r in rows]
+    rows = reads(store).evaluations(run_id).to_pylist()
+    return [(r["step"], float(r["accuracy"]), str(r["label"] or "")) for r in rows]
 
 
 def _samples(store: Any, data: RunData) -> list[dict[str, Any]]:
     """A right, a wrong and a dropped completion at up to SAMPLE_STEPS steps of the run."""
-    steps = sample_steps(data.steps)
-    kind = ("CASE WHEN NOT kept THEN 'dropped' WHEN reward >= 1 THEN 'right' "
-            "WHEN reward IS NOT NULL THEN 'wrong' ELSE 'unscored' END")
-    placeholders = ", ".join("?" * len(steps))
-    ids = store.sql(
-        f"SELECT arg_min(rollout_id, hash(rollout_id)) AS rollout_id FROM rollouts "
-        f"WHERE run_id = ? AND step IN ({placeholders}) GROUP BY step, {kind}",
-        [data.run_id, *steps]).column("rollout_id").to_pylist()
-    if not ids:
-        return []
-    return store.sql(
-        f"SELECT step, {kind} AS kind, prompt, completion, answer, reward, dropped_by, "
-        f"drop_reason, finish_reason FROM rollouts WHERE run_id = ? AND step IN ({placeholders}) "
-        "AND list_contains(?, rollout_id) ORDER BY step, kind",
-        [data.run_id, *steps, ids]).to_pylist()
+    return reads(store).samples(data.run_id, sample_steps(data.steps)).to_pylist()
 
 
 def sample_steps(steps: list[int], n: int = SAMPLE_STEPS) -> list[int]:

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from gfcr.rollout import col
+from gfcr.row_filter import ASCENDING, DESCENDING, RowFilter
 from gfcr.storage import History
 
 FEATURES = ("log_length", "mean_logprob", "min_logprob", "std_logprob", "tail_logprob",
@@ -96,5 +98,7 @@ def recent_rollouts(history: History, run_id: str, since_step: int,
                     limit: int = 512) -> tuple[list[list[float]], list[float]]:
     """Logprobs and rewards of the run's complete, scored, original rollouts from
     ``since_step`` on, as of the history's snapshot, newest first."""
-    rows = history.recent_outcomes(since_step=since_step, limit=limit, run_id=run_id).to_pylist()
-    return [r["logprobs"] for r in rows], [r["reward"] for r in rows]
+    rows = history.rows(RowFilter.attempts(run_ids=(run_id,), step_min=max(int(since_step), 0)),
+                        columns=[col.LOGPROBS, col.REWARD], limit=limit,
+                        order_by=((col.STEP, DESCENDING), (col.ROLLOUT_ID, ASCENDING)))
+    return rows.column(col.LOGPROBS).to_pylist(), rows.column(col.REWARD).to_pylist()

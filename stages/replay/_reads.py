@@ -4,8 +4,9 @@ Every read sees the run's rows at the snapshot the step's ``History`` is pinned 
 (gfcr.storage.History; the loop pins it to the step before), so a resumed run — or a
 stage called again later with the same history — reads exactly the rows the original
 step read, whatever was committed since. Besides per-prompt totals, the replay stages
-need evidence *discounted by age* and the rows themselves; the store implements those
-reads (store.history), and nothing here knows its SQL dialect.
+need evidence *discounted by age* and the rows themselves: they read the rows with a
+typed filter (``History.rows``, gfcr.row_filter) and aggregate them here and in each
+stage, in Arrow; nothing here knows the store's SQL dialect.
 
 An *attempt* is what ``store.views`` calls one: a complete, scored, original
 (``replay_count = 0``) rollout; a success is an attempt with ``reward > 0``.
@@ -13,20 +14,40 @@ An *attempt* is what ``store.views`` calls one: a complete, scored, original
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from gfcr.rollout import ROLLOUT_SCHEMA, conform
+from gfcr.rollout import ROLLOUT_SCHEMA, col, conform
+from gfcr.row_filter import ATTEMPTS
 from gfcr.storage import History
 
 
 def prompt_evidence(history: History, *, now: int, half_life: float | None) -> pa.Table:
-    """Per prompt: discounted attempts ``n`` and successes ``s``, and ``last_step``.
+    """Per prompt (by prompt id): discounted attempts ``n`` and successes ``s``, and
+    ``last_step``, aggregated here from the attempts' rows (prompt id, step, reward).
 
     An attempt at step ``t`` weighs ``0.5 ** ((now - t) / half_life)`` (1 when
-    ``half_life`` is None), so the evidence of a policy long gone fades.
+    ``half_life`` is None), so the evidence of a policy long gone fades. The weights are
+    computed once per distinct step, with the C library's ``pow``.
     """
-    return history.prompt_evidence(now=now, half_life=half_life)
+    rows = history.rows(ATTEMPTS, columns=[col.PROMPT_ID, col.STEP, col.REWARD])
+    steps = rows.column(col.STEP).to_numpy(zero_copy_only=False).astype(np.int64)
+    distinct, where = np.unique(steps, return_inverse=True)
+    per_step = np.array([1.0 if half_life is None else math.pow(0.5, (now - int(t)) / float(half_life))
+                         for t in distinct], dtype=float)
+    weight = per_step[where] if len(steps) else np.zeros(0)
+    success = pc.fill_null(pc.greater(rows.column(col.REWARD), 0.0), False).to_numpy(zero_copy_only=False)
+    parts = pa.table({"prompt_id": rows.column(col.PROMPT_ID), "n": pa.array(weight, pa.float64()),
+                      "s": pa.array(np.where(success, weight, 0.0), pa.float64()),
+                      "last_step": rows.column(col.STEP).cast(pa.int64())})
+    grouped = parts.group_by("prompt_id", use_threads=False).aggregate(
+        [("n", "sum"), ("s", "sum"), ("last_step", "max")])
+    out = pa.table({"prompt_id": grouped.column("prompt_id"), "n": grouped.column("n_sum"),
+                    "s": grouped.column("s_sum"), "last_step": grouped.column("last_step_max")})
+    return out.sort_by("prompt_id")
 
 
 def as_rollouts(table: pa.Table, *, keep: tuple[str, ...] = ()) -> pa.Table:

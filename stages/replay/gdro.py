@@ -32,7 +32,9 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from gfcr.rollout import PROMPT_COLUMNS, col
+from gfcr.row_filter import ATTEMPTS
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr.storage import History
 from stages.replay import _beliefs
 
 
@@ -63,7 +65,7 @@ class PromptGDRO(StageSpec):
         """The sampling distribution over groups (before masking empty ones)."""
         cumulative = np.zeros(self.bins)
         if ctx.history is not None:
-            losses = ctx.history.step_losses()
+            losses = step_losses(ctx.history)
             beta = 0.5 ** (1.0 / self.half_life)
             ema, updates = np.zeros(self.bins), np.zeros(self.bins)
             for step in sorted(set(losses.column("step").to_pylist())):
@@ -99,6 +101,20 @@ class PromptGDRO(StageSpec):
             p = (1.0 - self.gamma) * w * live / (w * live).sum() + self.gamma * live / live.sum()
             picked.append(members[int(rng.choice(self.bins, p=p / p.sum()))].pop())
         return _beliefs.append(chosen, prompts.take(pa.array(picked, pa.int64())))
+
+
+def step_losses(history: History) -> pa.Table:
+    """Per (step, prompt), by step then prompt: attempts ``n`` and failure rate ``loss``
+    (the share of attempts without a positive reward), from the attempts' rows."""
+    rows = history.rows(ATTEMPTS, columns=[col.STEP, col.PROMPT_ID, col.REWARD])
+    failed = pc.if_else(pc.fill_null(pc.greater(rows.column(col.REWARD), 0.0), False), 0.0, 1.0)
+    parts = pa.table({"step": rows.column(col.STEP), "prompt_id": rows.column(col.PROMPT_ID),
+                      "loss": failed.cast(pa.float64())})
+    grouped = parts.group_by(["step", "prompt_id"], use_threads=False).aggregate(
+        [("loss", "count"), ("loss", "mean")])
+    out = pa.table({"step": grouped.column("step"), "prompt_id": grouped.column("prompt_id"),
+                    "n": grouped.column("loss_count"), "loss": grouped.column("loss_mean")})
+    return out.sort_by([("step", "ascending"), ("prompt_id", "ascending")])
 
 
 def _group_means(part: pa.Table, group_of: dict[str, int], bins: int) -> np.ndarray:

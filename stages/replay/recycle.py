@@ -23,11 +23,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 
 from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
 from gfcr.capabilities import ContinuesPartials
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr.row_filter import ASCENDING, RowFilter
 from gfcr.storage import History
 from gfcr.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
 
@@ -103,7 +105,14 @@ def pending_partials(history: History, run_id: str) -> pa.Table:
     """Partial rows of ``run_id`` that no row continues yet, as of the history's snapshot,
     oldest step first, with every column the store has: extra ones (``hint_tokens``, ...)
     exist only where a stage wrote them."""
-    return history.pending_partials(run_id)
+    order = ((col.STEP, ASCENDING), (col.GROUP_ID, ASCENDING), (col.SAMPLE_IDX, ASCENDING))
+    partial = history.rows(RowFilter(run_ids=(run_id,), status=("partial",)), order_by=order)
+    if partial.num_rows == 0:
+        return partial
+    ids = partial.column(col.ROLLOUT_ID)
+    continued = history.rows(RowFilter(run_ids=(run_id,), parent_ids=tuple(ids.to_pylist())),
+                             columns=[col.PARENT_ID]).column(col.PARENT_ID)
+    return partial.filter(pc.invert(pc.is_in(ids, value_set=continued.combine_chunks())))
 
 
 def recycled_plan(rows: list[dict[str, Any]], version: int, max_staleness: int) -> pa.Table:

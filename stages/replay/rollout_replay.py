@@ -34,7 +34,9 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from gfcr.rollout import col
+from gfcr.row_filter import RowFilter
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr.storage import History
 from stages.replay import _copies, _reads
 
 
@@ -64,7 +66,7 @@ class RolloutReplay(StageSpec):
         need = self.shortfall(batch)
         if need <= 0 or ctx.history is None or ctx.step == 0:
             return batch
-        stored = ctx.history.recent_trained(now=ctx.step, window=self.window)
+        stored = recent_trained(ctx.history, now=ctx.step, window=self.window)
         stored = stored.filter(pc.less(stored.column("_times"), self.max_replays))
         rows = self.choose(stored, need, ctx.rng(self.label))
         times = rows.column("_times").to_numpy() + 1
@@ -87,3 +89,28 @@ class RolloutReplay(StageSpec):
         chosen = set(groups.column(col.GROUP_ID).take(pa.array(order[:need], pa.int64())).to_pylist())
         keep = pc.is_in(stored.column(col.GROUP_ID), pa.array(sorted(chosen), pa.string()))
         return stored.filter(keep)
+
+
+def recent_trained(history: History, *, now: int, window: int) -> pa.Table:
+    """The run's original rows kept and trained on in the last ``window`` steps, in groups
+    whose kept original rewards there are not all equal (a flat group has no GRPO
+    signal), with ``_times``: how often each was replayed already; newest step first,
+    then by group and sample."""
+    kept = history.rows(RowFilter(kept=True, replayed=False, step_min=max(int(now) - int(window), 0)))
+    spread = kept.group_by(col.GROUP_ID, use_threads=False).aggregate(
+        [(col.REWARD, "min"), (col.REWARD, "max")])
+    signal = spread.filter(pc.greater(spread.column(f"{col.REWARD}_max"),
+                                      spread.column(f"{col.REWARD}_min"))).column(col.GROUP_ID)
+    rows = kept.filter(pc.and_(pc.and_(pc.equal(kept.column(col.STATUS), "complete"),
+                                       pc.is_valid(kept.column(col.CONSUMED_AT_STEP))),
+                               pc.is_in(kept.column(col.GROUP_ID), value_set=signal.combine_chunks())))
+    rows = rows.sort_by([(col.STEP, "descending"), (col.GROUP_ID, "ascending"),
+                         (col.SAMPLE_IDX, "ascending")])
+    ids = rows.column(col.ROLLOUT_ID)
+    times = np.zeros(rows.num_rows, dtype=np.int64)
+    if rows.num_rows:
+        used = history.rows(RowFilter(replayed=True, parent_ids=tuple(ids.to_pylist())),
+                            columns=[col.PARENT_ID]).column(col.PARENT_ID)
+        count = {str(k): int(v) for k, v in zip(*pc.value_counts(used).flatten())} if len(used) else {}
+        times = np.array([count.get(i, 0) for i in ids.to_pylist()], dtype=np.int64)
+    return rows.append_column("_times", pa.array(times, pa.int64()))

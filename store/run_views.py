@@ -1,0 +1,132 @@
+"""The per-run views the report, the doctor, ``gfcr runs`` and resume read: named SQL
+over ``rollouts`` and ``steps``, declared once here, store-side.
+
+Each is a query with one bound parameter, ``$run`` (the run id), that aggregates in
+DuckDB, so a run of a million rollouts is read in seconds and only the aggregates leave
+the database. gfcr reaches them by name through ``StoreBackend.reads`` (the ``RunReads``
+protocol in gfcr.storage; ``store.reads`` implements it) and holds no SQL itself.
+
+- ``report_steps``: per step, the row count, kept share, length mean and p95, truncated
+  share, reward and pass rate of fresh (original) rows, scorer-failure and timeout
+  shares, replayed share, staleness (the step's newest ``policy_version_end`` minus a
+  row's ``policy_version_start``) over kept rows, and the fresh rows' NLL per token with
+  its standard error.
+- ``drops``: rows the filters dropped, per step, stage and reason.
+- ``pass_bins``: per step, how many fresh scored groups fall in each pass-rate bin
+  (share of a group's samples with reward >= 1: 0, (0, .25], (.25, .5], (.5, .75],
+  (.75, 1), 1 as bins 0-5).
+- ``group_facts``: per step over fresh, complete, scored groups: their count, the share
+  with one reward value, with identical completions (and none right), and the mean
+  share of duplicated samples.
+- ``partial_credit``: per step, the share of rows paid 0 < reward < 1 and their share of
+  all positive reward.
+- ``repeated_wrong``: the three completions paid partial credit on the most prompts.
+- ``score_errors``: the three commonest scorer failures (quoted values masked).
+- ``prompt_coverage``: prompts sampled, attempted, attempted twice and never solved, and
+  the draws (steps attempted, summed over prompts).
+"""
+
+from __future__ import annotations
+
+from gfcr.rollout import SCORER_FAILED_SQL
+
+_REPORT_STEPS = """
+SELECT step,
+       count(*) AS rows,
+       avg(kept::INT) AS kept_share,
+       avg(n_tokens) AS length_mean,
+       quantile_cont(n_tokens, 0.95) AS length_p95,
+       avg((finish_reason = 'length')::INT) AS truncated_share,
+       avg(reward) FILTER (WHERE fresh) AS sampled_reward,
+       avg((reward >= 1)::INT) FILTER (WHERE fresh AND reward IS NOT NULL) AS sampled_pass_rate,
+       avg(""" + SCORER_FAILED_SQL + """::INT) AS score_error_share,
+       avg(coalesce(score_error ILIKE '%timeout%', false)::INT) AS score_timeout_share,
+       avg((NOT fresh)::INT) AS replayed_share,
+       avg(stale::DOUBLE) FILTER (WHERE kept AND stale > 0) AS staleness_mean,
+       max(stale) FILTER (WHERE kept) AS staleness_max,
+       avg((stale > 0)::INT) FILTER (WHERE kept) AS offpolicy_row_share,
+       -sum(list_sum(logprobs)) FILTER (WHERE fresh AND n_tokens > 0)
+         / nullif(sum(n_tokens) FILTER (WHERE fresh AND n_tokens > 0), 0) AS sampled_nll,
+       sqrt(var_samp(-list_sum(logprobs) / n_tokens) FILTER (WHERE fresh AND n_tokens > 0)
+            / count(*) FILTER (WHERE fresh AND n_tokens > 0)) AS sampled_nll_se
+FROM (SELECT r.*, replay_count = 0 AS fresh, v.newest - policy_version_start AS stale
+      FROM rollouts r JOIN (
+          SELECT step, coalesce(max(policy_version_end) FILTER (WHERE replay_count = 0),
+                                max(policy_version_end)) AS newest
+          FROM rollouts WHERE run_id = $run GROUP BY step) v USING (step)
+      WHERE r.run_id = $run)
+GROUP BY step ORDER BY step
+"""
+
+_DROPS = """
+SELECT step, dropped_by, coalesce(drop_reason, '?') AS reason, count(*) AS n
+FROM rollouts WHERE run_id = $run AND NOT kept GROUP BY ALL
+"""
+
+_PASS_BINS = """
+SELECT step,
+       CASE WHEN pass_rate = 0 THEN 0 WHEN pass_rate <= 0.25 THEN 1 WHEN pass_rate <= 0.5 THEN 2
+            WHEN pass_rate <= 0.75 THEN 3 WHEN pass_rate < 1 THEN 4 ELSE 5 END AS bin,
+       count(*) AS n
+FROM (SELECT step, group_id, avg((reward >= 1)::INT) AS pass_rate FROM rollouts
+      WHERE run_id = $run AND reward IS NOT NULL AND replay_count = 0 GROUP BY step, group_id)
+GROUP BY ALL
+"""
+
+_GROUP_FACTS = """
+SELECT step, count(*) AS groups,
+       avg((n_rewards = 1)::INT) AS zero_variance,
+       avg((n_texts = 1 AND size > 1)::INT) AS identical,
+       avg((n_texts = 1 AND size > 1 AND top < 1)::INT) AS identical_wrong,
+       avg(1 - n_texts / size) AS duplicate
+FROM (SELECT step, group_id, count(*) AS size, count(DISTINCT reward) AS n_rewards,
+             count(DISTINCT hash(completion)) AS n_texts, max(reward) AS top
+      FROM rollouts WHERE run_id = $run AND replay_count = 0 AND reward IS NOT NULL
+        AND status = 'complete'
+      GROUP BY step, group_id)
+GROUP BY step ORDER BY step
+"""
+
+_PARTIAL_CREDIT = """
+SELECT step,
+       avg((reward > 0 AND reward < 1)::INT) AS rewarded_wrong,
+       sum(reward) FILTER (WHERE reward > 0 AND reward < 1) / nullif(sum(reward) FILTER (WHERE reward > 0), 0)
+         AS wrong_reward_mass
+FROM rollouts WHERE run_id = $run AND reward IS NOT NULL AND replay_count = 0
+GROUP BY step ORDER BY step
+"""
+
+_REPEATED_WRONG = """
+SELECT any_value(completion) AS completion, count(DISTINCT prompt_id) AS prompts,
+       count(*) AS rows, avg(reward) AS reward, min(step) AS first_step, max(step) AS last_step
+FROM rollouts WHERE run_id = $run AND reward > 0 AND reward < 1 AND replay_count = 0
+GROUP BY hash(completion) ORDER BY prompts DESC, rows DESC LIMIT 3
+"""
+
+_SCORE_ERRORS = ("SELECT regexp_replace(score_error, '''[^'']*''', '''…''', 'g') AS error, count(*) AS n, "
+                 "min(step) AS first_step, max(step) AS last_step FROM rollouts "
+                 f"WHERE run_id = $run AND {SCORER_FAILED_SQL} GROUP BY 1 ORDER BY n DESC LIMIT 3")
+
+_PROMPT_COVERAGE = """
+WITH p AS (
+    SELECT prompt_id, count(DISTINCT step) FILTER (WHERE reward IS NOT NULL) AS steps_attempted,
+           count_if(reward >= 1) AS successes
+    FROM rollouts WHERE run_id = $run AND replay_count = 0 GROUP BY prompt_id)
+SELECT count(*) AS sampled, count_if(steps_attempted > 0) AS attempted,
+       count_if(steps_attempted >= 2 AND successes = 0) AS never_solved,
+       count_if(steps_attempted >= 2) AS attempted_twice,
+       sum(steps_attempted) AS draws
+FROM p
+"""
+
+RUN_VIEWS: dict[str, str] = {
+    "report_steps": _REPORT_STEPS,
+    "drops": _DROPS,
+    "pass_bins": _PASS_BINS,
+    "group_facts": _GROUP_FACTS,
+    "partial_credit": _PARTIAL_CREDIT,
+    "repeated_wrong": _REPEATED_WRONG,
+    "score_errors": _SCORE_ERRORS,
+    "prompt_coverage": _PROMPT_COVERAGE,
+}
+"""Per-run view name -> its SQL (one parameter, ``$run``)."""
