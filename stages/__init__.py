@@ -15,6 +15,7 @@ from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
 from stages.filter.d3s import D3S
 from stages.filter.dynamic import DynamicSampling
+from stages.filter.gigpo import GiGPO
 from stages.filter.overlong import Overlong
 from stages.filter.roc import ResampleOnCorrect
 from stages.filter.sandbox import Sandbox
@@ -35,7 +36,7 @@ from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
-__all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["GiGPO", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
