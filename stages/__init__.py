@@ -9,6 +9,7 @@ from stages.control.allocate import RolloutAllocator
 from stages.control.budget import TokenBudget
 from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
+from stages.control.turns import TurnBudget
 from stages.engines.hf import HF
 from stages.engines.vllm import VLLM
 from stages.engines.smollm2 import SmolLM2
@@ -36,7 +37,7 @@ from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
-__all__ = ["GiGPO", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["GiGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
