@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfcr.report.data import RunData, aligned, load_run
+from gfcr.doctor.turn_facts import gather_turns
 from gfcr.rollout import SCORER_FAILED_SQL
 
 
@@ -27,6 +28,8 @@ class Facts:
     """Completions paid partial credit on the most distinct prompts."""
     errors: list[dict[str, Any]] = field(default_factory=list)
     """The commonest score errors with their counts."""
+    turns: dict[str, Any] = field(default_factory=dict)
+    """Multi-turn episodes' figures (gfcr.doctor.turn_facts; zeros for a single-turn run)."""
     prompts: dict[str, Any] = field(default_factory=dict)
     """``sampled``, ``attempted``, ``never_solved`` (attempted >= 2 steps, no success),
     ``draws`` and, where the task can be rebuilt from the stored spec, ``train``."""
@@ -46,6 +49,7 @@ def gather(store: Any, run_id: str) -> Facts:
         [run_id]).to_pylist()
     facts.prompts = store.sql(_PROMPTS, [run_id]).to_pylist()[0]
     facts.prompts["train"] = _train_size(store, run_id)
+    facts.turns = gather_turns(store, run_id)
     return facts
 
 
