@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfcr.report.chat import chat_samples
 from gfcr.rollout import ROLLOUT_SCHEMA, SCORER_FAILED_SQL
 
 NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
@@ -50,6 +51,8 @@ class RunData:
     accuracy: list[tuple[int, float, str]] = field(default_factory=list)
     """Held-out evaluations: (step, accuracy, label)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
+    chats: list[dict[str, Any]] = field(default_factory=list)
+    """Sample multi-turn rows with their turns (gfcr.report.chat; none for single-turn runs)."""
 
     def get(self, name: str) -> list[float]:
         return self.series.get(name, [math.nan] * len(self.steps))
@@ -90,6 +93,7 @@ def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     data.accuracy = accuracies(store, run_id)
     if samples:
         data.samples = _samples(store, data)
+        data.chats = chat_samples(store, run_id)
     return data
 
 
