@@ -17,6 +17,7 @@ from stages.engines.tiny import HFCheckpoint, TinyLlama
 from stages.filter.d3s import D3S
 from stages.filter.dynamic import DynamicSampling
 from stages.filter.gigpo import GiGPO
+from stages.filter.igpo import IGPO
 from stages.filter.overlong import Overlong
 from stages.filter.roc import ResampleOnCorrect
 from stages.filter.sandbox import Sandbox
@@ -37,7 +38,7 @@ from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
-__all__ = ["GiGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
