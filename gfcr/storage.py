@@ -79,6 +79,12 @@ class History(Protocol):
         column the store has."""
         ...
 
+    def tool_error_rows(self, *, since_step: int, limit: int) -> pa.Table:
+        """The run's attempts from ``since_step`` on with a turn whose ``tool_error`` is
+        set and no row branching from them yet (none names them as ``parent_id``),
+        newest step first, at most ``limit``, with every column the store has."""
+        ...
+
     def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
         """``run_id``, ``group_id`` of other runs' groups with a complete, scored row that
         meets the SQL condition ``where`` (on the ``rollouts`` columns), in order."""

@@ -28,6 +28,7 @@ from stages.generate.group import GroupSample
 from stages.generate.tree import TreeRollout
 from stages.replay.cross_run import CrossRunReplay
 from stages.replay.dots import DOTS
+from stages.replay.fission import FissionBranch
 from stages.replay.gdro import PromptGDRO
 from stages.replay.insight import InSight
 from stages.replay.recycle import RecyclePartials
@@ -38,7 +39,7 @@ from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.sft import SFT
 
-__all__ = ["GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",

@@ -198,6 +198,19 @@ class History:
             ORDER BY p.step, p.group_id, p.sample_idx"""
         return self.store.sql(query)
 
+    def tool_error_rows(self, *, since_step: int, limit: int) -> pa.Table:
+        """Attempts of the run from ``since_step`` on with a turn whose ``tool_error`` is
+        set and no row naming them as ``parent_id``, newest step first (then by rollout
+        id), at most ``limit``, with every column the store has."""
+        query = f"""
+            SELECT p.* FROM {self._source("rollouts", step_from=since_step, alias="p")}
+            WHERE {ATTEMPT} AND p.turns IS NOT NULL
+              AND len(list_filter(p.turns, lambda t: t.tool_error IS NOT NULL)) > 0
+              AND NOT EXISTS (SELECT 1 FROM {self._source("rollouts", alias="c")}
+                              WHERE c.parent_id = p.rollout_id)
+            ORDER BY p.step DESC, p.rollout_id LIMIT {int(limit)}"""
+        return self.store.sql(query)
+
     def candidate_groups(self, where: str, *, exclude_run: str) -> pa.Table:
         """``run_id``, ``group_id`` of the groups of runs other than ``exclude_run`` with a
         complete, scored row that meets the SQL condition ``where``, in that order."""
