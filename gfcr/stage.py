@@ -85,10 +85,8 @@ class StageSpec(Spec):
 
 @runtime_checkable
 class Teacher(Protocol):
-    """Teacher forcing at the learner's current weights, for stages that score with the
-    policy itself (IGPO's information gain, stages.filter.igpo): ``encode`` text with the
-    policy's tokenizer, and the ``log_softmax(logits / T)`` of each completion token after
-    its prompt (gfcr.services.Learner.logprobs)."""
+    """Teacher forcing at the learner's weights (gfcr.services.Learner.logprobs) for stages
+    that score with the policy (IGPO): ``encode`` with its tokenizer, ``logprobs``."""
 
     def encode(self, text: str) -> list[int]: ...
 
