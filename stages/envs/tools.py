@@ -79,8 +79,8 @@ class PythonTool(Spec):
         """Run a call's ``code``: (what the policy sees, the tool error or None)."""
         code = arguments.get("code")
         if not isinstance(code, str):
-            return "error: the python tool needs a string argument 'code'", \
-                "arguments: no string 'code'"
+            error = "arguments: the python tool needs a string argument 'code'"
+            return f"error: {error}", error
         out = codebox.run_code(code, isolation=self.isolation, cpu_seconds=self.cpu_seconds,
                                wall_seconds=self.wall_seconds, memory_mb=self.memory_mb,
                                file_mb=self.file_mb)
