@@ -77,10 +77,10 @@ def test_python_tool_episodes_store_the_tool_turns_with_their_errors() -> None:
             '"type": "object"}}]'
     head = f"{tools}\n{INSTRUCTIONS}\n"
     ok = say(script, head + "1+2=", _tool("print(1 + 2)"))
-    say(script, ok + "\n<tool_response>3</tool_response>\n", "3")
+    say(script, ok + "\n<tool_response>3</tool_response>", "3")
     bad = say(script, head + "4+4=", _tool("open('/etc/shadow').read()"))
     say(script, bad + "\n<tool_response>error: FileNotFoundError: [Errno 2] No such file or "
-                      "directory: '/etc/shadow'</tool_response>\n", "8")
+                      "directory: '/etc/shadow'</tool_response>", "8")
     say(script, head + "9-5=", "5")
     table = Episodes(env="python_tool", n=1, max_turns=3, max_tokens=200,
                      max_episode_tokens=1000).generate(context(), plan(), ScriptedEngine(script),
