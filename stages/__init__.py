@@ -11,6 +11,7 @@ from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.control.turns import TurnBudget
 from stages.engines.hf import HF
+from stages.envs import Feedback, GuessNumber, PythonArithmetic
 from stages.engines.vllm import VLLM
 from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
@@ -23,6 +24,7 @@ from stages.filter.roc import ResampleOnCorrect
 from stages.filter.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
+from stages.generate.episodes import Episodes
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
 from stages.generate.tree import TreeRollout
@@ -45,4 +47,5 @@ __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFChec
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
-           "CrossRunReplay", "SmolLM2"]
+           "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
+           "PythonArithmetic"]
