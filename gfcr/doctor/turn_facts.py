@@ -2,7 +2,7 @@
 
 An *episode* here is a row whose trajectory is more than one prompt and one policy turn:
 a tool turn, more or fewer than one policy turn, or an ``episode_end`` (the column
-multi-turn generate stages write, gfcr.rollout.EPISODE_END). Single-turn runs have none,
+multi-turn generate stages write, :data:`gfcr.rollout.EPISODE_END`). Single-turn runs have none,
 so the checks built on these figures stay silent for them.
 
 - ``episodes``: such rows (complete or not, original ones: ``replay_count = 0``);
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-EPISODE_END = "episode_end"
-"""The multi-turn generate stages' column of why an episode ended (gfcr.rollout.EPISODE_END
-where that constant exists: the environments issue's branch declares it)."""
+from gfcr.rollout import EPISODE_END
 
 FORMAT_ERROR_SQL = ("(starts_with(tool_error, 'FormatError') OR "
                     "regexp_matches(tool_error, '(?i)pars|json|malformed'))")
