@@ -29,11 +29,11 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.chat import Trajectory, chat_format
+from gfcr.chat import Trajectory, Turn, chat_format
 from gfcr.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook, Tokenizer
 from gfcr.environment import Environment, HasTools, Message, Step, resolve_env
-from gfcr.rollout import (EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_N, ROLLOUT_SCHEMA,
-                          TURN_COUNT, col, stable_id)
+from gfcr.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
+                          PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
@@ -55,6 +55,10 @@ class Episode:
     end: str | None = None
     error: str | None = None
     outputs: list[GenOutput] = field(default_factory=list)
+    limit: int = 1
+    """Policy turns the episode may take in all (a branch's prefix counts)."""
+    branch: dict[str, Any] | None = None
+    """The plan's ``branch`` (gfcr.rollout.BRANCH): the stored turns it starts from."""
 
 
 @register("generate")
@@ -86,6 +90,8 @@ class Episodes(StageSpec):
     env_workers: int = Field(8, ge=1)
     """Environment calls run at once."""
     segment_tokens: int = Field(16, ge=1)
+    continues_branches: ClassVar[bool] = True
+    """It honours the plan's ``branch`` column (gfcr.capabilities.ContinuesBranches)."""
 
     writes: ClassVar[frozenset[str]] = (frozenset(ROLLOUT_SCHEMA.names) - {
         col.REWARDS, col.ADVANTAGE, col.CONSUMED_AT_STEP}) | {NEW_TOKENS, EPISODE_END,
@@ -107,12 +113,12 @@ class Episodes(StageSpec):
                  on_segment: SegmentHook | None) -> pa.Table:
         episodes = self._start(ctx, plan.to_pylist(), engine)
         seed = int(ctx.rng(self.label).integers(2**31 - 1))
-        for turn in range(self.max_turns):
+        for turn in range(max((e.limit for e in episodes), default=0)):
             live = [e for e in episodes if e.end is None]
             if not live:
                 break
             self._policy_turn(live, engine, seed + turn)
-            self._env_turn(live, engine, last=turn == self.max_turns - 1)
+            self._env_turn(live, engine)
         rows = [self._row(ctx, e, engine) for e in episodes]
         return pa.Table.from_pylist(rows, schema=EPISODES_SCHEMA)
 
@@ -125,13 +131,18 @@ class Episodes(StageSpec):
         for p_idx, prompt in enumerate(prompts):
             group_id = (prompt.get(col.GROUP_ID)
                         or stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx))
+            branch = prompt.get(BRANCH)
+            limit = int(prompt.get(PLAN_MAX_TURNS) or self.max_turns)
             for sample in plan_samples({**prompt, "recycle": None}, self.n):
                 episodes.append(Episode(_task(prompt), group_id, sample["sample_idx"],
-                                        Trajectory(fmt)))
+                                        Trajectory(fmt), limit=limit, branch=branch))
 
         def reset(e: Episode) -> tuple[Environment, list[Message], list[Any]]:
             env = factory(**self.env_options)
             messages = env.reset(e.task)
+            for t in (e.branch or {}).get("turns") or []:  # the branch's state, replayed
+                if t["source"] == "policy":
+                    env.step(engine.decode(t["token_ids"]))
             return env, messages, env.tools() if isinstance(env, HasTools) else []
 
         outcomes = call_all([lambda e=e: reset(e) for e in episodes],  # type: ignore[misc]
@@ -141,7 +152,10 @@ class Episodes(StageSpec):
                 e.traj.start([Message("user", e.task["prompt"])])
                 continue
             e.env, messages, tools = o.value
-            e.traj.start(messages, tools)
+            if e.branch is None:
+                e.traj.start(messages, tools)
+            else:
+                e.traj.turns = [Turn(**t) for t in e.branch["turns"]]
         return episodes
 
     def _policy_turn(self, live: list[Episode], engine: Engine, seed: int) -> None:
@@ -159,7 +173,7 @@ class Episodes(StageSpec):
             e.traj.add_policy(out.completion_ids, out.logprobs)
             e.outputs.append(out)
 
-    def _env_turn(self, live: list[Episode], engine: Engine, *, last: bool) -> None:
+    def _env_turn(self, live: list[Episode], engine: Engine) -> None:
         """Every live environment answers its policy's turn (as text); episodes end or
         go on."""
         replies = [engine.decode(e.traj.turns[-1].token_ids) for e in live]
@@ -176,6 +190,7 @@ class Episodes(StageSpec):
                 continue
             result: Step = o.value
             e.traj.reward_last(result.reward)
+            last = sum(t.source == "policy" for t in e.traj.turns) >= e.limit
             self._go_on(e, result, last)
 
     def _go_on(self, e: Episode, result: Step, last: bool) -> None:
@@ -205,7 +220,7 @@ class Episodes(StageSpec):
                         version_end=outs[-1].version_end if outs else engine.version,
                         seconds=sum(o.seconds for o in outs))
         row = rollout_row(ctx, e.task["row"], e.group_id, e.sample_idx, traj.prompt_ids,
-                          out, engine)
+                          out, engine, parent_id=(e.branch or {}).get("parent_id"))
         reward = traj.reward()
         row.update({col.TURNS: traj.rows(), EPISODE_END: end, TURN_COUNT: len(outs),
                     NEW_TOKENS: traj.policy_tokens(), col.SCORE_ERROR: e.error,
