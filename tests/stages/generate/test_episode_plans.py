@@ -19,7 +19,7 @@ from tests.stages.generate.test_episodes import plan
 
 class Countdown:
     """Done (reward 1) at its third step; each step before answers with a tool error
-    naming how many steps it has seen: its state."""
+    naming how many steps it has seen (its state), reward 0."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -31,8 +31,8 @@ class Countdown:
         self.steps += 1
         if self.steps >= 3:
             return Step(reward=1.0, done=True)
-        return Step([Message("tool", f"err {self.steps}", name="calc")], tool_name="calc",
-                    tool_error=f"E{self.steps}")
+        return Step([Message("tool", f"err {self.steps}", name="calc")], reward=0.0,
+                    tool_name="calc", tool_error=f"E{self.steps}")
 
 
 ENV = f"{__name__}:Countdown"
