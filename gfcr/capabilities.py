@@ -88,6 +88,16 @@ class ContinuesPartials(Protocol):
 
 
 @runtime_checkable
+class ContinuesBranches(Protocol):
+    """Optional on a generate stage: whether it honours the plan's ``branch`` column
+    (gfcr.rollout.BRANCH), starting episodes from stored turns; a stage that plans
+    branches (Fission-GRPO's, stages.replay.fission) requires it when the pipeline is built."""
+
+    @property
+    def continues_branches(self) -> bool: ...
+
+
+@runtime_checkable
 class SamplingTemperature(Protocol):
     """Optional on a generate stage: the temperature it samples at (0: greedy), which a
     train stage's ratio must match (gfcr.engine's logprob convention)."""

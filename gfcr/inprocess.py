@@ -90,6 +90,10 @@ class LocalLearner:
         self.policy.load_weights(path)
         self.policy.version = version
 
+    def encode(self, text: str) -> list[int]:
+        """``text`` as the policy's token ids (gfcr.stage.Teacher)."""
+        return list(self.policy.tokenizer.encode(text))
+
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
                  temperature: float) -> list[list[float]]:
         # getattr: teacher forcing is optional on a stage's learner (GRPO's has it)

@@ -326,6 +326,7 @@ DECISIONS = {
     "prune": "which in-flight rollouts are discarded",
     "n": "how many samples each prompt gets",
     "max_tokens": "each prompt's token cap",
+    "max_turns": "each episode's turn cap",
 }
 """What the exclusive decisions (``StageSpec.owns``) of the shipped stages decide."""
 

@@ -132,6 +132,10 @@ PLAN_N = "n"
 """Plan column (int64): samples to draw for the prompt; null: the generate stage's own."""
 PLAN_MAX_TOKENS = "max_tokens"
 """Plan column (int64): the prompt's token cap; null: the generate stage's own."""
+PLAN_MAX_TURNS = "max_turns"
+"""Plan column (int64): the most policy turns an episode of the prompt may take (a
+multi-turn generate stage ends it there, with the turn limit as its reason); null: the
+generate stage's own. Written by turn-budget control stages (stages.control.turns)."""
 PLAN_COLUMNS = frozenset({PLAN_N, PLAN_MAX_TOKENS})
 """Columns a plan (what allocate stages read and write) adds to a prompt table."""
 
@@ -181,6 +185,34 @@ D3S_ADVANTAGE = "d3s_advantage"
 on this advantage as is (loss, token ranking, stored ``advantage``) instead of its
 estimator's. D³S writes each row's advantage within its whole group; any filter that
 chooses rows on advantages may write it."""
+
+EPISODE_END = "episode_end"
+"""Extra column (string, null for a single-turn row) that multi-turn generate stages
+write: why the episode ended (gfcr.environment.EPISODE_ENDS: ``done``, ``turn_limit``,
+``token_limit``, ``length``, ``env_error``, ``env_timeout``). The doctor and the report
+read it (turn-limit truncation, failing environments)."""
+
+TURN_COUNT = "n_turns"
+"""Extra column (int32) that multi-turn generate stages write: the policy turns of the
+episode."""
+
+
+TURN_ADVANTAGES = "turn_advantages"
+"""Per-turn advantages (list<float64>, one entry per turn of the row's ``turns``; the row
+null, or an entry null: that turn's tokens train on the row's advantage). Where present
+the learner gives every loss token of a turn its turn's advantage (step-level credit:
+GiGPO's anchor-state groups, IGPO's turn rewards; stages.filter.gigpo, stages.filter.igpo)."""
+
+BRANCH = "branch"
+"""Plan column of a branched episode (:data:`BRANCH_TYPE`; null for a fresh one): a
+multi-turn generate stage starts each of the row's ``n`` episodes from the stored turns
+``turns`` of row ``parent_id`` (kept as given: the replay stage that writes it sets their
+masks), lets the policy take the next turn, and records the new rows with that
+``parent_id``. Fission-GRPO's recovery rollouts branch at a tool error
+(stages.replay.fission)."""
+
+BRANCH_TYPE = pa.struct([("parent_id", pa.string()), ("turns", pa.list_(TURN_TYPE))])
+"""A branch: the stored row it starts from and the turns it starts with."""
 
 
 def stable_id(*parts: Any) -> str:

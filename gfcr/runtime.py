@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from gfcr.pipeline import Pipeline
 from gfcr.services import Pending, Services
-from gfcr.stage import StepContext
+from gfcr.stage import StepContext, Teacher
 from gfcr.storage import Committed, History
 
 
@@ -93,6 +93,8 @@ class Runtime:
 
 
 def context(rt: Runtime, run_id: str, step: int) -> StepContext:
+    learner = rt.services.learner
     return StepContext(run_id=run_id, step=step, seed=rt.pipeline.seed,
-                       policy_version=rt.services.learner.version, task=rt.task,
-                       history=rt.record.history(step))
+                       policy_version=learner.version, task=rt.task,
+                       history=rt.record.history(step),
+                       teacher=learner if isinstance(learner, Teacher) else None)

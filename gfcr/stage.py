@@ -83,6 +83,17 @@ class StageSpec(Spec):
 # --------------------------------------------------------------------------- context
 
 
+@runtime_checkable
+class Teacher(Protocol):
+    """Teacher forcing at the learner's weights (gfcr.services.Learner.logprobs) for stages
+    that score with the policy (IGPO): ``encode`` with its tokenizer, ``logprobs``."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
+                 temperature: float) -> list[list[float]]: ...
+
+
 @dataclass
 class StepContext:
     """What a stage may know about the step it runs in, and its only door to stored
@@ -104,6 +115,9 @@ class StepContext:
     flight: Flight | None = None
     """Inside on_segment hooks: the whole generate call as hooks know it (gfcr.engine.Flight);
     None elsewhere."""
+    teacher: Teacher | None = None
+    """The learner's teacher forcing where the stage runs beside it (the loop's process);
+    None elsewhere (an engine worker, a test context)."""
     _rng: dict[str, np.random.Generator] = field(default_factory=dict, repr=False)
 
     def rng(self, stage: str) -> np.random.Generator:

@@ -162,6 +162,20 @@ class RunReads(Protocol):
         """The per-run view ``name`` of ``run_id``, aggregated store-side."""
         ...
 
+    def episode_figures(self, run_id: str) -> dict[str, Any]:
+        """The run's multi-turn episodes' figures (gfcr.doctor.checks_agentic reads them):
+        ``episodes``, ``tool_rows``, ``error_loops``, ``format_rows``,
+        ``no_policy_tokens``, ``ended``, ``turn_limit``, ``first_step``, ``last_step``
+        (zeros for a single-turn run) and ``loop_error`` (the commonest repeated tool
+        error, or None)."""
+        ...
+
+    def chat_samples(self, run_id: str, n: int) -> pa.Table:
+        """Up to ``n`` multi-turn rows of the run (more than one exchange, or a tool
+        turn), one per kind (right, wrong, tool error, unscored), each the latest:
+        ``rollout_id``, ``step``, ``prompt``, ``reward``, ``turns``, ``kind``."""
+        ...
+
     def evaluations(self, run_id: str) -> pa.Table:
         """Held-out accuracies (``step``, ``accuracy``, ``label``), by step: the
         ``evaluations`` table's where it holds the run's, else the ``heldout_accuracy``

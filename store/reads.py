@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from .lake import RolloutStore
-from .run_views import RUN_VIEWS
+from .run_views import CHAT_PICKS, EPISODE_FIGURES, LOOP_ERROR, RUN_VIEWS
 
 _RUNS = ("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash, {error} AS error "
          "FROM runs ORDER BY started_at")
@@ -88,3 +88,22 @@ class RunReads:
             "drop_reason, finish_reason FROM rollouts WHERE run_id = $run "
             "AND list_contains($steps::BIGINT[], step) AND list_contains($ids::VARCHAR[], rollout_id) "
             "ORDER BY step, kind", {**params, "ids": ids})
+
+    def episode_figures(self, run_id: str) -> dict[str, Any]:
+        columns = self.rollout_columns()
+        end = "episode_end" if "episode_end" in columns else "NULL::VARCHAR"
+        params = {"run": run_id}
+        figures = {k: int(v or 0) for k, v in
+                   self.store.sql(EPISODE_FIGURES.format(end=end), params).to_pylist()[0].items()}
+        loop = self.store.sql(LOOP_ERROR, params).to_pylist()
+        return {**figures, "loop_error": loop[0] if loop else None}
+
+    def chat_samples(self, run_id: str, n: int) -> pa.Table:
+        picked = self.store.sql(CHAT_PICKS, {"run": run_id, "n": int(n)}).to_pylist()
+        kinds = {r["rollout_id"]: r["kind"] for r in picked}
+        rows = self.store.sql(
+            "SELECT rollout_id, step, prompt, reward, turns FROM rollouts WHERE run_id = $run "
+            "AND list_contains($ids::VARCHAR[], rollout_id) ORDER BY step, rollout_id",
+            {"run": run_id, "ids": list(kinds)})
+        return rows.append_column("kind", pa.array([kinds[r] for r in rows.column("rollout_id").to_pylist()],
+                                                   pa.string()))

@@ -24,6 +24,11 @@ protocol in gfcr.storage; ``store.reads`` implements it) and holds no SQL itself
 - ``score_errors``: the three commonest scorer failures (quoted values masked).
 - ``prompt_coverage``: prompts sampled, attempted, attempted twice and never solved, and
   the draws (steps attempted, summed over prompts).
+
+Two reads of multi-turn episodes depend on a column only multi-turn stages write
+(``episode_end``), so they are templates the reads fill (``store.reads``):
+:data:`EPISODE_FIGURES` (the doctor's agentic figures, gfcr.doctor.checks_agentic) and
+:data:`LOOP_ERROR`; :data:`CHAT_PICKS` picks the report's sample trajectories.
 """
 
 from __future__ import annotations
@@ -118,6 +123,54 @@ SELECT count(*) AS sampled, count_if(steps_attempted > 0) AS attempted,
        sum(steps_attempted) AS draws
 FROM p
 """
+
+FORMAT_ERROR_SQL = ("(starts_with(tool_error, 'FormatError') OR "
+                    "regexp_matches(tool_error, '(?i)pars|json|malformed'))")
+"""A tool error that says the policy's call could not be read (no tool ran)."""
+
+EPISODE_FIGURES = """
+WITH t AS (SELECT * FROM turns WHERE run_id = $run),
+r AS (SELECT rollout_id, step, {end} AS episode_end FROM rollouts
+      WHERE run_id = $run AND replay_count = 0),
+per_row AS (
+    SELECT t.rollout_id, any_value(r.step) AS step, any_value(r.episode_end) AS episode_end,
+           count_if(t.source = 'policy') AS policy_turns,
+           count_if(t.source = 'tool' OR t.tool_name IS NOT NULL) AS tool_turns,
+           count(t.tool_error) - count(DISTINCT coalesce(t.tool_name, '') || chr(0) || t.tool_error)
+             AS repeats,
+           count_if(t.tool_error IS NOT NULL AND """ + FORMAT_ERROR_SQL + """) AS format_errors,
+           sum(CASE WHEN t.source = 'policy' THEN t.n_loss_tokens ELSE 0 END) AS loss_tokens
+    FROM t JOIN r USING (rollout_id) GROUP BY t.rollout_id),
+ep AS (SELECT * FROM per_row
+       WHERE tool_turns > 0 OR policy_turns <> 1 OR episode_end IS NOT NULL)
+SELECT count(*) AS episodes, count_if(tool_turns > 0) AS tool_rows,
+       count_if(repeats > 0) AS error_loops, count_if(format_errors > 0) AS format_rows,
+       count_if(loss_tokens = 0) AS no_policy_tokens,
+       count(episode_end) AS ended, count_if(episode_end = 'turn_limit') AS turn_limit,
+       min(step) AS first_step, max(step) AS last_step
+FROM ep
+"""
+"""One row of multi-turn figures; ``{end}``: the ``episode_end`` column, or a null."""
+
+LOOP_ERROR = """
+SELECT tool_name, tool_error, count(*) AS n FROM turns
+WHERE run_id = $run AND tool_error IS NOT NULL
+GROUP BY rollout_id, tool_name, tool_error HAVING count(*) > 1
+ORDER BY n DESC LIMIT 1
+"""
+
+CHAT_PICKS = """
+WITH m AS (
+    SELECT rollout_id, step, reward, turns,
+           CASE WHEN len(list_filter(turns, lambda t: t.tool_error IS NOT NULL)) > 0 THEN 'tool error'
+                WHEN reward >= 1 THEN 'right' WHEN reward IS NOT NULL THEN 'wrong'
+                ELSE 'unscored' END AS kind
+    FROM rollouts WHERE run_id = $run AND turns IS NOT NULL
+      AND (len(turns) > 3 OR len(list_filter(turns, lambda t: t.source = 'tool')) > 0))
+SELECT arg_max(rollout_id, step * 1e9 - (hash(rollout_id) % 1000000)::DOUBLE) AS rollout_id, kind
+FROM m GROUP BY kind ORDER BY kind LIMIT $n
+"""
+"""One multi-turn row per kind (right, wrong, tool error, unscored), each the latest."""
 
 RUN_VIEWS: dict[str, str] = {
     "report_steps": _REPORT_STEPS,

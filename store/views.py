@@ -26,7 +26,8 @@ Definitions (the numbers replay and curriculum stages act on):
   consumed it and how often it was replayed.
 - ``turns``: one row per turn of each rollout (``gfcr.rollout.TURN_TYPE``): ``run_id``,
   ``step``, ``rollout_id``, ``turn`` (0-based), ``role``, ``source``, ``n_tokens``,
-  ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and
+  ``n_loss_tokens`` (tokens in the loss: its mask's true entries, 0 for a turn without
+  a mask), ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and
   ``logprob_sum`` (the sum of the turn's behaviour log-probabilities; null for a turn
   without any, an environment's or a tool's). Rows stored before the store had turns
   (schema version 1) are shown in their single-turn form, derived from ``prompt_ids``,
@@ -112,7 +113,9 @@ def view_query(name: str, *, rollouts: str = "lake.rollouts", steps: str = "lake
 
 _STORED_TURNS = """
 SELECT run_id, step, rollout_id, turn, t.role AS role, t.source AS source,
-       len(t.token_ids)::BIGINT AS n_tokens, t.tool_name AS tool_name,
+       len(t.token_ids)::BIGINT AS n_tokens,
+       coalesce(len(list_filter(t.mask, lambda x: x)), 0)::BIGINT AS n_loss_tokens,
+       t.tool_name AS tool_name,
        t.tool_error AS tool_error, t.reward AS reward,
        CASE WHEN t.logprobs IS NOT NULL THEN coalesce(list_sum(t.logprobs), 0.0) END AS logprob_sum
 FROM (SELECT run_id, step, rollout_id, unnest(turns) AS t,
@@ -122,6 +125,7 @@ FROM (SELECT run_id, step, rollout_id, unnest(turns) AS t,
 
 _DERIVED_TURNS = """
 SELECT run_id, step, rollout_id, turn, role, source, n_tokens::BIGINT AS n_tokens,
+       (CASE WHEN source = 'policy' THEN n_tokens ELSE 0 END)::BIGINT AS n_loss_tokens,
        NULL::VARCHAR AS tool_name, NULL::VARCHAR AS tool_error, NULL::DOUBLE AS reward,
        logprob_sum::DOUBLE AS logprob_sum
 FROM (

@@ -2,8 +2,8 @@
 
 :func:`diagnose` reads one run (read-only) and returns its findings, most serious first;
 each names its threshold, its evidence (figures and step range) and what to try. The
-checks are in :mod:`gfcr.doctor.checks` and :mod:`gfcr.doctor.checks_more`, the figures
-they judge in :mod:`gfcr.doctor.facts`.
+checks are in :mod:`gfcr.doctor.checks`, :mod:`gfcr.doctor.checks_more` and
+:mod:`gfcr.doctor.checks_agentic`, the figures they judge in :mod:`gfcr.doctor.facts`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from gfcr.doctor.checks import CHECKS, Finding
+from gfcr.doctor.checks_agentic import AGENTIC
 from gfcr.doctor.checks_more import MORE
 from gfcr.doctor.facts import gather
 from gfcr.report.data import check_schema
 
 __all__ = ["ALL_CHECKS", "Finding", "diagnose", "serious"]
 
-ALL_CHECKS = CHECKS + MORE
+ALL_CHECKS = CHECKS + MORE + AGENTIC
 _ORDER = {"serious": 0, "warning": 1, "info": 2}
 
 

@@ -28,6 +28,8 @@ class Facts:
     """Completions paid partial credit on the most distinct prompts."""
     errors: list[dict[str, Any]] = field(default_factory=list)
     """The commonest score errors with their counts."""
+    turns: dict[str, Any] = field(default_factory=dict)
+    """Multi-turn episodes' figures (``RunReads.episode_figures``; zeros for a single-turn run)."""
     prompts: dict[str, Any] = field(default_factory=dict)
     """``sampled``, ``attempted``, ``never_solved`` (attempted >= 2 steps, no success),
     ``draws`` and, where the task can be rebuilt from the stored spec, ``train``."""
@@ -44,6 +46,7 @@ def gather(store: Any, run_id: str) -> Facts:
     facts.errors = read.view("score_errors", run_id).to_pylist()
     facts.prompts = read.view("prompt_coverage", run_id).to_pylist()[0]
     facts.prompts["train"] = _train_size(store, run_id)
+    facts.turns = read.episode_figures(run_id)
     return facts
 
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfcr.report.chat import CHAT_SAMPLES
 from gfcr.rollout import ROLLOUT_SCHEMA
 from gfcr.storage import RunReads, backend
 
@@ -52,6 +53,8 @@ class RunData:
     accuracy: list[tuple[int, float, str]] = field(default_factory=list)
     """Held-out evaluations: (step, accuracy, label)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
+    chats: list[dict[str, Any]] = field(default_factory=list)
+    """Sample multi-turn rows with their turns (gfcr.report.chat; none for single-turn runs)."""
 
     def get(self, name: str) -> list[float]:
         return self.series.get(name, [math.nan] * len(self.steps))
@@ -96,6 +99,7 @@ def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     data.accuracy = accuracies(store, run_id)
     if samples:
         data.samples = _samples(store, data)
+        data.chats = reads(store).chat_samples(run_id, CHAT_SAMPLES).to_pylist()
     return data
 
 

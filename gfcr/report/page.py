@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gfcr.report import svg
+from gfcr.report import chat, svg
 from gfcr.report.data import PASS_LABELS, RunData
 
 CSS = """
@@ -41,11 +41,11 @@ def render(runs: Sequence[RunData], *, store: str) -> str:
     """The whole page for ``runs`` (one, or several to compare)."""
     ids = ", ".join(r.run_id for r in runs)
     sections = [_headline(runs), _charts(runs), _per_run_charts(runs), _spec(runs),
-                _samples(runs)]
+                _samples(runs), _chats(runs)]
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f"<title>gfcr report: {escape(ids)}</title><style>{CSS}</style></head><body>"
+            f"<title>gfcr report: {escape(ids)}</title><style>{CSS}{chat.CSS}</style></head><body>"
             f"<h1>gfcr report: {escape(ids)}</h1><p><small>store {escape(store)}; made {made} "
             f"by gfcr report from the store alone</small></p>{''.join(sections)}</body></html>")
 
@@ -190,6 +190,15 @@ def _samples(runs: Sequence[RunData]) -> str:
         out.append(f"<h3>{escape(r.run_id)}</h3><table><tr><th>step</th><th>kind</th><th>prompt</th>"
                    f"<th>completion</th><th>answer</th><th>reward</th><th>finish</th><th>dropped</th></tr>"
                    f"{rows}</table>")
+    return "".join(out)
+
+
+def _chats(runs: Sequence[RunData]) -> str:
+    if not any(r.chats for r in runs):
+        return ""
+    out = ["<h2>Sample trajectories (one bubble per turn; struck through: out of the loss)</h2>"]
+    for r in runs:
+        out.append(f"<h3>{escape(r.run_id)}</h3>{chat.render_chats(r.chats)}")
     return "".join(out)
 
 

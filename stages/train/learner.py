@@ -132,7 +132,8 @@ class GRPOLearner:
         spec, label = self.spec, self.spec.label
         self.policy.model.train()
         carries = spec.kl_coef > 0 or spec.entropy_coef > 0  # every row has a gradient
-        rows, prompts, completions, behaviour = work_rows.active_rows(batch, adv, label, carries)
+        rows, prompts, completions, behaviour = work_rows.active_rows(
+            batch, loss_masks.with_turn_signal(batch, adv), label, carries)
         hint = loss_masks.hint_masks(batch, rows, [len(c) for c in completions], stage=label)
         keep = [i for i, m in enumerate(hint) if m.any()]
         rows, prompts, completions = ([rows[i] for i in keep], [prompts[i] for i in keep],
@@ -152,6 +153,8 @@ class GRPOLearner:
         work = Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
                      old=[prox[i] if use_prox and off[i] else behaviour[i]
                           for i in range(len(rows))])
+        work.token_adv = loss_masks.token_advantages(batch, rows, row_adv,
+                                                     [len(c) for c in completions], stage=label)
         if use_prox:
             work.weights = self._is_weights(work, behaviour, off)
         n_tokens = sum(len(c) for c in completions)
@@ -212,7 +215,7 @@ class GRPOLearner:
                                device=device)
             loss, stats = policy_loss(
                 new, padded([work.old[i] for i in part], width, device=device),
-                torch.tensor([work.adv[i] for i in part], dtype=torch.float32, device=device),
+                _advantages(work, part, width, device),
                 loss_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
                 aggregation=spec.aggregation, denominator=denominator, max_tokens=norm,
                 ratio_level=spec.ratio_level, is_weights=_rows(work.weights, part, width, device),
@@ -332,6 +335,13 @@ class GRPOLearner:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _advantages(work: Work, part: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """The rows' advantages: [B] one per row, or [B, T] per token (per-turn credit)."""
+    if work.token_adv is not None:
+        return padded([work.token_adv[i] for i in part], width, device=device)
+    return torch.tensor([work.adv[i] for i in part], dtype=torch.float32, device=device)
 
 
 def _rows(values: list[np.ndarray] | None, part: list[int], width: int,

@@ -51,7 +51,8 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
 
     Shapes: ``new_logprobs``, ``old_logprobs``, ``mask`` and the optional ``is_weights``,
     ``ref_logprobs``, ``entropy``: [B, T] (mask true on real completion tokens);
-    ``advantages``: [B], one per sequence. ``denominator`` overrides the count the sum is
+    ``advantages``: [B], one per sequence, or [B, T], one per token (per-turn credit,
+    gfcr.rollout.TURN_ADVANTAGES). ``denominator`` overrides the count the sum is
     divided by (tokens for token_mean, non-empty sequences otherwise): pass the whole
     batch's count when accumulating gradients over micro-batches, so the micro-batch
     losses add up to the full-batch loss. ``max_tokens`` is the seq_mean_token_sum_norm
@@ -142,7 +143,7 @@ def _surrogate(log_ratio: torch.Tensor, maskf: torch.Tensor, advantages: torch.T
     if level == "sequence":
         lengths = maskf.sum(dim=1).clamp(min=1.0)
         log_ratio = (log_ratio.sum(dim=1) / lengths).unsqueeze(1).expand_as(log_ratio)
-    adv = advantages.unsqueeze(1)
+    adv = advantages.unsqueeze(1) if advantages.ndim == 1 else advantages
     with torch.no_grad():
         ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
@@ -249,9 +250,9 @@ def _check(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor,
         raise ValueError(f"new_logprobs {tuple(new.shape)}, old_logprobs "
                          f"{tuple(old.shape)} and mask {tuple(mask.shape)} must match "
                          "and be [B, T]")
-    if advantages.shape != new.shape[:1]:
+    if advantages.shape != new.shape[:1] and advantages.shape != new.shape:
         raise ValueError(f"advantages {tuple(advantages.shape)} must have one entry per "
-                         f"sequence ({new.shape[0]})")
+                         f"sequence ({new.shape[0]}) or per token {tuple(new.shape)}")
     for name, value in optional.items():
         if value is not None and value.shape != new.shape:
             raise ValueError(f"{name} {tuple(value.shape)} must match new_logprobs "

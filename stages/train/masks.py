@@ -25,6 +25,12 @@ reports it as the row's ``advantage``, with no renormalisation
 (:func:`override_advantages`): recomputed over the kept subset, a std-normalised estimator
 would give every subset unit variance and undo the max-Var(A) choice.
 
+Per-turn credit: ``turn_advantages`` (list<float64> per row, one entry per turn,
+:data:`gfcr.rollout.TURN_ADVANTAGES`; GiGPO's step-level groups, IGPO's turn rewards) gives
+each turn's tokens their turn's advantage; a null row or entry leaves the row's advantage
+on them (:func:`token_advantages`). A row whose turns carry a non-zero advantage trains
+even when its own advantage is 0 (:func:`with_turn_signal`).
+
 Departure from D³S: the share is of the tokens of rows the learner trains on (rows with a
 non-zero advantage and at least one loss token), not of every completion token in the
 batch; rows without signal carry no gradient whatever their mask.
@@ -37,7 +43,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO, col, loss_mask
+from gfcr.rollout import (D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO, TURN_ADVANTAGES, col,
+                          loss_mask)
 from stages.train.selection import TOKEN_SELECTORS, d3s_tokens
 
 
@@ -124,6 +131,53 @@ def selected_masks(masks: Sequence[np.ndarray], advantages: Sequence[float],
         narrowed = np.asarray(m, bool).copy()
         narrowed[narrowed] = k
         out.append(narrowed)
+    return out
+
+
+def with_turn_signal(batch: pa.Table, adv: np.ndarray) -> np.ndarray:
+    """``adv`` with 1.0 on rows whose ``turn_advantages`` hold a non-zero value, so a
+    row the episode-level estimator gave 0 still trains on its turns' credit; only for
+    choosing the rows to train on (the update uses :func:`token_advantages`)."""
+    if TURN_ADVANTAGES not in batch.column_names:
+        return adv
+    signal = [any(v not in (None, 0.0) for v in row or [])
+              for row in batch.column(TURN_ADVANTAGES).to_pylist()]
+    return np.where(np.asarray(signal, bool), 1.0, adv)
+
+
+def token_advantages(batch: pa.Table, rows: Sequence[int], adv: Sequence[float],
+                     lengths: Sequence[int], *, stage: str = "grpo"
+                     ) -> list[np.ndarray] | None:
+    """Per selected row, one advantage per completion token: each turn after the first
+    gets its ``turn_advantages`` entry, or the row's ``adv`` where the entry (or the row's
+    list) is null. None without the column or with every row null (the update then uses
+    one advantage per row). A list whose length is not the row's turn count, or a
+    non-finite entry, is refused naming the row."""
+    if TURN_ADVANTAGES not in batch.column_names:
+        return None
+    column = batch.column(TURN_ADVANTAGES)
+    if column.null_count == len(column):
+        return None
+    turns = batch.column(col.TURNS)
+    out = []
+    for i, a, n in zip(rows, adv, lengths):
+        given = column[int(i)].as_py()
+        trajectory = turns[int(i)].as_py() or []
+        if given is None:
+            out.append(np.full(n, float(a)))
+            continue
+        if len(given) != len(trajectory):
+            raise ValueError(f"{stage}: batch row {int(i)!r} has {len(given)!r} "
+                             f"{TURN_ADVANTAGES!r} but {len(trajectory)!r} turns")
+        values = [float(a) if v is None else float(v) for v in given[1:]]
+        if not all(np.isfinite(values)):
+            raise ValueError(f"{stage}: batch row {int(i)!r} has a non-finite entry in "
+                             f"{TURN_ADVANTAGES!r} ({given!r}); use null for none")
+        sizes = [len(t["token_ids"] or []) for t in trajectory[1:]]
+        out.append(np.repeat(np.asarray(values, np.float64), sizes))
+        if len(out[-1]) != n:
+            raise ValueError(f"{stage}: batch row {int(i)!r} has {len(out[-1])} completion "
+                             f"tokens in its turns but {n!r} in completion_ids")
     return out
 
 

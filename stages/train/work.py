@@ -27,6 +27,9 @@ class Work:
     """Truncated IS weights (ones on on-policy rows); None when no row is off-policy."""
     ref: list[np.ndarray] | None = None
     """Reference-model logprobs, when ``kl_coef > 0``."""
+    token_adv: list[np.ndarray] | None = None
+    """Per-token advantages (per-turn credit, stages.train.masks.token_advantages); None:
+    ``adv``, one per row."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -71,6 +74,8 @@ def drop_empty(work: Work) -> None:
     work.old = [work.old[i] for i in keep]
     if work.weights is not None:
         work.weights = [work.weights[i] for i in keep]
+    if work.token_adv is not None:
+        work.token_adv = [work.token_adv[i] for i in keep]
 
 
 def denominator(work: Work, aggregation: Aggregation) -> float:
