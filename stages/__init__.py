@@ -20,6 +20,7 @@ from stages.filter.roc import ResampleOnCorrect
 from stages.filter.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
+from stages.generate.agent import AgentEnv
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
 from stages.generate.tree import TreeRollout
@@ -42,3 +43,4 @@ __all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2"]
+__all__ += ["AgentEnv"]

@@ -1,0 +1,94 @@
+"""Turn-waves: chat requests from many agent threads, generated in batched engine calls.
+
+Agents run on their own threads and call the endpoint whenever they like; the engine is
+driven from one thread only, the generate stage's (an HF engine shares its model with the
+trainer, a vLLM ``LLM`` is not meant to be called from several threads). The server's
+request threads put :class:`Ask` items on a :class:`Waves` queue and wait; the stage's
+thread takes a wave (:meth:`Waves.gather`) and answers every ask of it from one
+``engine.generate`` call.
+
+A wave closes as soon as every live episode is waiting on the model (nothing else can
+arrive; this makes the waves of agents that only talk to the model deterministic), or
+``window`` seconds after its first ask, so an agent busy with a tool delays the others by
+at most the window.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gfcr.engine import GenOutput
+
+
+@dataclass
+class Ask:
+    """One chat request reduced to tokens, waiting for the engine's answer."""
+
+    episode: int
+    prompt_ids: list[int]
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    done: threading.Event = field(default_factory=threading.Event)
+    output: GenOutput | None = None
+    error: str | None = None
+    """Why no output came (the episode timed out, the step ended)."""
+
+    def answer(self, output: GenOutput | None, error: str | None = None) -> None:
+        self.output, self.error = output, error
+        self.done.set()
+
+
+class Waves:
+    """The queue between the server's request threads and the stage's thread."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._asks: list[Ask] = []
+        self._cond = threading.Condition()
+        self._closed: str | None = None
+
+    def put(self, ask: Ask) -> None:
+        """Queue ``ask`` (answered at once with an error once the queue is closed)."""
+        with self._cond:
+            if self._closed is not None:
+                ask.answer(None, self._closed)
+                return
+            self._asks.append(ask)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`gather` look again (an episode ended)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def gather(self, live: Callable[[], int], timeout: float) -> list[Ask]:
+        """The next wave: waits up to ``timeout`` for a first ask, then until as many asks
+        wait as ``live()`` episodes are running, or ``window`` seconds have passed since
+        the first one. Empty when nothing came (the caller checks its episodes)."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._asks) or live() == 0, timeout)
+            if not self._asks:
+                return []
+            until = time.monotonic() + self.window
+            while len(self._asks) < live() and (left := until - time.monotonic()) > 0:
+                self._cond.wait(left)
+            wave, self._asks = self._asks, []
+            return wave
+
+    def drop(self, episode: int, reason: str) -> None:
+        """Answer the queued asks of ``episode`` with ``reason`` (it timed out)."""
+        with self._cond:
+            for ask in [a for a in self._asks if a.episode == episode]:
+                ask.answer(None, reason)
+                self._asks.remove(ask)
+
+    def close(self, reason: str) -> None:
+        """Answer every queued ask with ``reason`` and refuse new ones."""
+        with self._cond:
+            self._closed = reason
+            for ask in self._asks:
+                ask.answer(None, reason)
+            self._asks = []
