@@ -11,7 +11,6 @@ messages, never by re-encoding what came before (:meth:`PlainChat.extend`).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
 
 from stages.generate._toolcalls import block
@@ -66,10 +65,16 @@ class PlainChat:
 
 
 def tools_line(tools: list[dict[str, Any]] | None) -> str:
-    """The system line that declares ``tools`` and how to call them."""
-    schemas = json.dumps([t.get("function", t) for t in tools or []], sort_keys=True)
-    return (f"System: Tools: {schemas}. Call one as <tool_call>{{\"name\": ..., "
-            f"\"arguments\": {{...}}}}</tool_call>.\n")
+    """The system line that declares ``tools`` (name, parameters, description: short, for
+    small models) and how to call them."""
+    decls = []
+    for tool in tools or []:
+        fn = tool.get("function", tool)
+        params = (fn.get("parameters") or {}).get("properties") or {}
+        decls.append(f"{fn.get('name')}({', '.join(params)})"
+                     + (f": {str(fn['description']).rstrip('.')}" if fn.get("description") else ""))
+    return (f"System: Tools: {'; '.join(decls)}. Call one as <tool_call>{{\"name\": ..., "
+            f"\"arguments\": {{...}}}}</tool_call>\n")
 
 
 def text_of(message: dict[str, Any]) -> str:
