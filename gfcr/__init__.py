@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
                              SamplingParams, Tokenizer)
+    from gfcr.environment import Environment, Message, Step, Tool, register_env
     from gfcr.loading import load
     from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
     from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "gfcr.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
                     "SamplingParams", "Tokenizer"),
+    "gfcr.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
     "gfcr.pipeline": ("Checkpointing", "Evaluation", "Pipeline", "PipelineError"),
     "gfcr.loading": ("load",),
     "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),

@@ -182,6 +182,16 @@ on this advantage as is (loss, token ranking, stored ``advantage``) instead of i
 estimator's. D³S writes each row's advantage within its whole group; any filter that
 chooses rows on advantages may write it."""
 
+EPISODE_END = "episode_end"
+"""Extra column (string, null for a single-turn row) that multi-turn generate stages
+write: why the episode ended (gfcr.environment.EPISODE_ENDS: ``done``, ``turn_limit``,
+``token_limit``, ``length``, ``env_error``, ``env_timeout``). The doctor and the report
+read it (turn-limit truncation, failing environments)."""
+
+TURN_COUNT = "n_turns"
+"""Extra column (int32) that multi-turn generate stages write: the policy turns of the
+episode."""
+
 
 def stable_id(*parts: Any) -> str:
     """Deterministic id from its parts, so every executor names rows the same."""

@@ -170,6 +170,15 @@ class HFTokenizer:
                                                add_generation_prompt=True)
         return list(self.hf.encode(rendered, add_special_tokens=False))
 
+    def render_chat(self, messages: list[dict[str, Any]], *,
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
+        """``messages`` (and ``tools``) through the chat template as text, with the system
+        message ``encode_prompt`` uses when they have none (gfcr.chat.RendersChat)."""
+        if self.system is not None and (not messages or messages[0]["role"] != "system"):
+            messages = [{"role": "system", "content": self.system}, *messages]
+        return str(self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt))
+
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 
