@@ -5,7 +5,7 @@ request's messages with the assistant's reply appended, and the ids behind them 
 call's prompt ids, then the ids the engine generated). A later request whose messages
 extend a context (same tools, the context's messages first, the reply as it was
 returned) gets that context's ids as its prefix and only its new messages are rendered
-(:meth:`ChatCodec.extend`); generated text is never encoded again. Any other request is
+(:meth:`~stages.generate._openai_chat.OpenAIChat.extend`); generated text is never encoded again. Any other request is
 rendered whole.
 
 **Trajectories.** After the episode, its calls become rows (:func:`trajectories`): a call
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfcr.engine import GenOutput
-from stages.generate._plainchat import ChatCodec, text_of
+from stages.generate._openai_chat import OpenAIChat, text_of
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ class Episode:
     """One agent run's calls and contexts; the server's threads share it (``lock``)."""
 
     index: int
-    codec: ChatCodec
-    stop_ids: frozenset[int]
+    codec: OpenAIChat
     calls: list[Call] = field(default_factory=list)
     contexts: list[Context] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,7 +77,7 @@ class Episode:
             new = messages
         else:
             new = messages[len(best.messages):]
-            ids = best.ids + self.codec.extend(new, tools, best.closed)
+            ids = best.ids + self.codec.extend(new, messages, best.closed)
         return ids, Call(prompt_ids=ids, role=str(new[-1]["role"]) if new else "user",
                          tool_names=_tool_names(messages, new))
 
@@ -86,7 +85,7 @@ class Episode:
                  tools: Any, reply: dict[str, Any]) -> None:
         """Record ``call`` answered with ``out``, and the context it leaves."""
         call.output = out
-        closed = bool(out.completion_ids) and out.completion_ids[-1] in self.stop_ids
+        closed = bool(out.completion_ids) and out.completion_ids[-1] in self.codec.format.ends
         keys = tuple(normal(m) for m in [*messages, reply])
         with self.lock:
             self.calls.append(call)

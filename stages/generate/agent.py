@@ -26,6 +26,8 @@ closed (the endpoint refuses its calls) and the thread is left to end on its own
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,13 +37,13 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr import refs
-from gfcr.engine import (Engine, GenRequest, Policy, SamplingParams, SegmentHook,
-                         stop_token_ids)
+from gfcr.chat import chat_format
+from gfcr.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
 from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
-from stages.generate._plainchat import PlainChat
+from stages.generate._openai_chat import OpenAIChat
 from stages.generate.group import GENERATED
 from stages.generate.openai_api import AgentServer
 from stages.generate.rows import stable_id, to_table
@@ -98,15 +100,15 @@ class AgentEnv(StageSpec):
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
-        fn = refs.resolve(self.agent, f"stage {self.label!r}: agent")
+        fn = _agent(self.agent, f"stage {self.label!r}: agent")
         client = _client_class(self.label)
         tasks = plan.to_pylist()
-        tokenizer = _tokenizer(engine)
-        codec, stops = PlainChat(engine.encode, int(tokenizer.eos_token_id)), stop_token_ids(tokenizer)
+        chat = chat_format(_tokenizer(engine))
+        codec = OpenAIChat(chat)
         runs: list[_Run] = []
         for p_idx, prompt in enumerate(tasks):
             for sample in range(_n(prompt, self.n)):
-                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, stops)))
+                runs.append(_Run(p_idx, sample, Episode(len(runs), codec)))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
                          wait=self.timeout) as server:
@@ -240,6 +242,22 @@ class _Driver:
                 continue
             for a, out in zip(asks, outputs):
                 a.answer(out)
+
+
+def _agent(ref: str, what: str) -> Callable[..., Any]:
+    """The agent function; a module not found on ``sys.path`` is looked for in the
+    working directory too, as ``python -m`` and uvicorn do (``gfcr run`` is a console
+    script, whose path starts at its own folder)."""
+    try:
+        found = refs.resolve(ref, what)
+    except ValueError:
+        if os.getcwd() in sys.path:
+            raise
+        sys.path.append(os.getcwd())
+        found = refs.resolve(ref, what)
+    if not callable(found):
+        raise ValueError(f"{what} {ref!r} is not a function")
+    return found  # type: ignore[no-any-return]
 
 
 def _reward(value: Any) -> tuple[float | None, str | None]:

@@ -1,0 +1,30 @@
+"""An agent written against the ``openai`` client, trained with GRPO: the agent of
+``examples/agent_calculator.py`` (a calculator tool it runs itself) answers the default
+pipeline's sums through gfcr's OpenAI-compatible endpoint over the policy, and what it
+returns is the reward, so there is no Verify stage.
+
+The tiny policy reads the plain chat format (gfcr.chat): the first turn is the question
+text as single-turn pipelines show it (so the shared warm start applies), after the
+tools the agent declares; the policy's tool calls, if any, are ``<tool_call>`` blocks
+(stages.generate._toolcalls). Run it from the repository root, where the agent's module
+is found (``gfcr run agent``).
+"""
+
+from gfcr import Pipeline
+from pipelines.default import LR, SETUP
+from stages import GRPO, AgentEnv, UniformSampler
+
+pipeline = Pipeline(
+    name="agent",
+    seed=0,
+    steps=40,
+    **SETUP,
+    stages=[
+        # --- Replay: which tasks this step
+        UniformSampler(batch=16),
+        # --- Generate: 8 episodes of the user's agent per task; its return is the reward
+        AgentEnv(agent="examples.agent_calculator:solve", n=8, max_tokens=8, temperature=1.0),
+        # --- Train: group-normalised advantages over each task's episodes
+        GRPO(lr=LR),
+    ],
+)
