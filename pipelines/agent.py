@@ -4,21 +4,25 @@ pipeline's sums through gfcr's OpenAI-compatible endpoint over the policy, and w
 returns is the reward, so there is no Verify stage.
 
 The tiny policy reads the plain chat format (gfcr.chat): the first turn is the question
-text as single-turn pipelines show it (so the shared warm start applies), after the
-tools the agent declares; the policy's tool calls, if any, are ``<tool_call>`` blocks
+text as single-turn pipelines show it, after the tools the agent declares (the warm
+start is the default's, on a policy with a longer context); the policy's tool calls, if any, are ``<tool_call>`` blocks
 (stages.generate._toolcalls). Run it from the repository root, where the agent's module
 is found (``gfcr run agent``).
 """
 
 from gfcr import Pipeline
 from pipelines.default import LR, SETUP
-from stages import GRPO, AgentEnv, UniformSampler
+from stages import GRPO, AgentEnv, TinyLlama, UniformSampler
+
+CONTEXT = 1024
+"""The policy's context (the default's 256 holds a single-turn sum, not the tool
+declaration and a few turns); a longer context changes no weight shape."""
 
 pipeline = Pipeline(
     name="agent",
     seed=0,
     steps=40,
-    **SETUP,
+    **{**SETUP, "policy": TinyLlama(max_position=CONTEXT)},
     stages=[
         # --- Replay: which tasks this step
         UniformSampler(batch=16),

@@ -35,8 +35,8 @@ def episode_rows(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample
         calls = list(episode.calls)
     paths = trajectories(calls)
     if not paths:
-        ids = episode.codec.render([{"role": "user", "content": prompt[col.PROMPT]}], None)
-        paths = [Trajectory(ids, [], None, [])]
+        first = episode.codec.render([{"role": "user", "content": prompt[col.PROMPT]}], None)
+        paths = [Trajectory(first, [], None, [])]
     rows: list[dict[str, Any]] = []
     ids = [stable_id(ctx.run_id, ctx.step, group_id, sample_idx, b) for b in range(len(paths))]
     for branch, path in enumerate(paths):

@@ -257,7 +257,7 @@ def _agent(ref: str, what: str) -> Callable[..., Any]:
         found = refs.resolve(ref, what)
     if not callable(found):
         raise ValueError(f"{what} {ref!r} is not a function")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _reward(value: Any) -> tuple[float | None, str | None]:

@@ -3,29 +3,21 @@ generates and scores, GRPO trains on its trajectories; two steps on the HF engin
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from gfcr import Pipeline
 from gfcr.run import execute
 from pipelines.agent import pipeline as agent_pipeline
 from stages import AgentEnv
 from store import RolloutStore
 from tests.pipelines.test_pipelines import _shrunk
+from tests.resources.agents import needs_openai
 
-try:
-    import openai  # noqa: F401
-except ImportError as err:  # the test extra installs it; CI must have it
-    if os.environ.get("CI", "").lower() == "true":
-        raise
-    pytest.skip(f"openai is not installed ({err}): pip install -e '.[test]'",
-                allow_module_level=True)
+needs_openai()
 
 
 def test_agent_pipeline_trains_two_steps_on_its_agents_rewards(tmp_path):
     data = _shrunk(agent_pipeline).to_dict()
     data["stages"][1]["n"], data["steps"] = 3, 2
+    data["policy"]["max_position"] = 1024  # the tools and a few turns
     p = Pipeline(**data)
     assert isinstance(p.stages[1], AgentEnv) and not p.of_kind("filter")
     summary = execute(p, root=tmp_path, executor="local")

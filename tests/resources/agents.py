@@ -11,6 +11,7 @@ engine with real generated ids.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
@@ -27,6 +28,21 @@ RELEASE = threading.Event()
 """Set by a test to let a hanging agent's thread end."""
 SEEN: list[Any] = []
 """What the agents saw (responses), appended in call order per thread."""
+
+
+def needs_openai() -> Any:
+    """The ``openai`` module: a skip without it on a developer's machine, a failure under
+    CI (the test extra installs it)."""
+    import pytest
+
+    try:
+        import openai
+    except ImportError as err:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(f"openai is not installed ({err}): pip install -e '.[test]'",
+                    allow_module_level=True)
+    return openai
 
 
 def plan(*prompts: str, answer: str | None = None) -> pa.Table:

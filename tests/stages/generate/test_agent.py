@@ -3,7 +3,6 @@ through gfcr's endpoint; the trajectories are the engine's ids, turn by turn."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -17,17 +16,11 @@ from stages.generate._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer
 from tests.resources import agents
-from tests.resources.agents import Recording, plan
+from tests.resources.agents import Recording, needs_openai, plan
 from tests.resources.chat import chat_policy
 from tests.resources.rollouts import context
 
-try:
-    import openai
-except ImportError as err:  # the test extra installs it; CI must have it
-    if os.environ.get("CI", "").lower() == "true":
-        raise
-    pytest.skip(f"openai is not installed ({err}): pip install -e '.[test]'",
-                allow_module_level=True)
+openai = needs_openai()
 
 POLICY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 REF = "tests.resources.agents:"
