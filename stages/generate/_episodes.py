@@ -60,6 +60,8 @@ class Episode:
     codec: OpenAIChat
     calls: list[Call] = field(default_factory=list)
     contexts: list[Context] = field(default_factory=list)
+    asked: int = 0
+    """Calls received, answered or not."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -68,6 +70,7 @@ class Episode:
         or all of it rendered) and its call record, to be completed with the output."""
         keys, tools_key = [normal(m) for m in messages], json.dumps(tools, sort_keys=True)
         with self.lock:
+            self.asked += 1
             best = max((c for c in self.contexts if c.tools == tools_key
                         and len(c.messages) < len(keys)
                         and tuple(keys[:len(c.messages)]) == c.messages),

@@ -49,6 +49,7 @@ class Waves:
         self._asks: list[Ask] = []
         self._cond = threading.Condition()
         self._closed: str | None = None
+        self._woken = False
 
     def put(self, ask: Ask) -> None:
         """Queue ``ask`` (answered at once with an error once the queue is closed)."""
@@ -60,16 +61,21 @@ class Waves:
             self._cond.notify_all()
 
     def wake(self) -> None:
-        """Make a waiting :meth:`gather` look again (an episode ended)."""
+        """An episode ended: a :meth:`gather` waiting for a first ask returns (empty), so
+        the caller can start the next episode; one filling a wave looks again."""
         with self._cond:
+            self._woken = True
             self._cond.notify_all()
 
     def gather(self, live: Callable[[], int], timeout: float) -> list[Ask]:
         """The next wave: waits up to ``timeout`` for a first ask, then until as many asks
         wait as ``live()`` episodes are running, or ``window`` seconds have passed since
-        the first one. Empty when nothing came (the caller checks its episodes)."""
+        the first one. Empty when nothing came or an episode ended (the caller checks
+        its episodes)."""
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._asks) or live() == 0, timeout)
+            self._cond.wait_for(lambda: bool(self._asks) or self._woken or live() == 0,
+                                timeout)
+            self._woken = False
             if not self._asks:
                 return []
             until = time.monotonic() + self.window

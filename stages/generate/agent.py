@@ -39,7 +39,7 @@ from pydantic import Field, field_validator
 from gfcr import refs
 from gfcr.chat import chat_format
 from gfcr.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
-from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, col
+from gfcr.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
@@ -73,6 +73,8 @@ class AgentEnv(StageSpec):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(64, ge=1)
     """Most tokens one call generates (a request may ask for fewer)."""
+    max_calls: int = Field(32, ge=1)
+    """Most chat calls an episode may make; the endpoint refuses the ones after."""
     timeout: float = Field(120.0, gt=0.0)
     """Seconds an episode may run; past it, it is recorded as timed out."""
     concurrency: int = Field(64, ge=1)
@@ -83,7 +85,8 @@ class AgentEnv(StageSpec):
     on_error: Literal["zero", "drop"] = "zero"
     """A failed episode's rows: reward 0 (kept), or dropped (kept = false)."""
 
-    writes: ClassVar[frozenset[str]] = GENERATED | {col.REWARD, col.SCORE_ERROR}
+    writes: ClassVar[frozenset[str]] = GENERATED | {col.REWARD, col.SCORE_ERROR, EPISODE_END,
+                                                    TURN_COUNT}
 
     @field_validator("agent")
     @classmethod
@@ -111,17 +114,20 @@ class AgentEnv(StageSpec):
                 runs.append(_Run(p_idx, sample, Episode(len(runs), codec)))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
-                         wait=self.timeout) as server:
+                         wait=self.timeout, max_calls=self.max_calls) as server:
             _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
         return self._table(ctx, tasks, runs, engine)
 
     def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_Run"],
                engine: Engine) -> pa.Table:
         rows: list[dict[str, Any]] = []
+        ends: list[str] = []
         for run in runs:
             group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", run.task)
-            rows += episode_rows(ctx, tasks[run.task], group, run.sample, run.episode, engine,
-                                 reward=run.reward, error=run.error, seconds=run.seconds)
+            more = episode_rows(ctx, tasks[run.task], group, run.sample, run.episode, engine,
+                                reward=run.reward, error=run.error, seconds=run.seconds)
+            rows += more
+            ends += [run.end()] * len(more)
         failed = [r for r in runs if r.error is not None]
         if runs and len(failed) == len(runs):
             raise AgentFailed(f"stage {self.label!r}, step {ctx.step}: the agent "
@@ -133,7 +139,9 @@ class AgentEnv(StageSpec):
                 if row[col.SCORE_ERROR] is not None:
                     row.update({col.KEPT: False, col.DROPPED_BY: self.label,
                                 col.DROP_REASON: "agent_error"})
-        return to_table(rows)
+        turns = [sum(t["source"] == "policy" for t in r[col.TURNS]) for r in rows]
+        return (to_table(rows).append_column(EPISODE_END, pa.array(ends, pa.string()))
+                .append_column(TURN_COUNT, pa.array(turns, pa.int32())))
 
 
 @dataclass
@@ -152,6 +160,12 @@ class _Run:
     closed: bool = False
     """Timed out: what the agent's thread does later is not recorded."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def end(self) -> str:
+        """Why the episode ended (gfcr.environment.EPISODE_ENDS)."""
+        if self.error is None:
+            return "done"
+        return "env_timeout" if self.error.startswith("Timeout:") else "env_error"
 
     def settle(self, reward: float | None, error: str | None, *, close: bool = False) -> None:
         """Record the outcome, unless the episode was already closed by its timeout."""

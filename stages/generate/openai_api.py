@@ -11,7 +11,7 @@ A request's messages become token ids through the episode's record
 its new messages rendered); its ids wait on the turn-wave queue
 (:mod:`stages.generate._waves`) and the stage's thread generates each wave in one engine
 call; tool calls are read from the generated text (:mod:`stages.generate._toolcalls`);
-the answer carries ``usage``. Sampling is the stage's: ``temperature`` and ``top_p`` of a
+the answer carries ``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's: ``temperature`` and ``top_p`` of a
 request are ignored, so the behaviour logprobs match what the trainer computes; its
 ``max_tokens`` (or ``max_completion_tokens``) and ``stop`` apply, ``max_tokens`` capped
 by the stage's. ``n`` must be 1 and ``stream`` false (the stage samples ``n`` episodes
@@ -51,9 +51,9 @@ class AgentServer:
     """The endpoint for one generate call (a context manager: started on enter)."""
 
     def __init__(self, waves: Waves, decode: Callable[[list[int]], str], *, model: str,
-                 max_tokens: int, wait: float) -> None:
+                 max_tokens: int, wait: float, max_calls: int = 2**31) -> None:
         self.waves, self.decode, self.model = waves, decode, model
-        self.max_tokens, self.wait = max_tokens, wait
+        self.max_tokens, self.wait, self.max_calls = max_tokens, wait, max_calls
         self.episodes: dict[str, Episode] = {}
         self._ended: set[str] = set()
         self._lock = threading.Lock()
@@ -107,6 +107,9 @@ class AgentServer:
 
     def chat(self, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
         messages, tools = _checked(body)
+        if episode.asked >= self.max_calls:
+            raise ApiError(400, f"this episode has made its {self.max_calls} calls "
+                                "(AgentEnv.max_calls); gfcr answers no more", "call_limit")
         ids, call = episode.prompt(messages, tools)
         ask = Ask(episode.index, ids, _cap(body, self.max_tokens), _stops(body))
         self.waves.put(ask)

@@ -114,6 +114,16 @@ def flaky(client: Any, task: dict) -> float:
     return 1.0
 
 
+def calls(client: Any, task: dict) -> float:
+    """As many calls of one conversation as its question says."""
+    messages: list[Any] = []
+    for _ in range(int(task["question"])):
+        messages.append({"role": "user", "content": "again"})
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+        messages.append(reply.choices[0].message)
+    return 1.0
+
+
 def always_raises(client: Any, task: dict) -> float:
     raise RuntimeError("no agent today")
 

@@ -45,6 +45,7 @@ def test_each_turn_holds_the_engines_ids_and_logprobs_equal_a_teacher_forced_pas
     rows, engine = _run("three_turns", "1+2=", "7*8=", engine=_engine(built), n=2,
                         max_tokens=6)
     assert len(rows) == 4 and {r["parent_id"] for r in rows} == {None}
+    assert {(r["n_turns"], r["episode_end"]) for r in rows} == {(3, "done")}
     assert [r["reward"] for r in rows] == [0.25] * 4 and not any(r["score_error"] for r in rows)
     # each wave is one engine call: the 4 episodes' 3 calls are 3 calls of 4 requests
     assert [len(requests) for requests, _, _ in engine.calls] == [4, 4, 4]
@@ -140,6 +141,8 @@ def test_an_agent_that_raises_hangs_or_returns_nonsense_is_recorded_and_the_step
     assert by["hang"]["score_error"].startswith("Timeout: the agent ran past 3 s")
     assert "not a finite number" in by["nan"]["score_error"]
     assert by["ok"]["score_error"] is None and by["ok"]["reward"] == 1.0
+    assert {k: r["episode_end"] for k, r in by.items()} == {
+        "raise": "env_error", "hang": "env_timeout", "nan": "env_error", "ok": "done"}
     for name in ("raise", "hang", "nan"):
         assert by[name]["reward"] == 0.0 and by[name]["kept"]
         assert len(by[name]["completion_ids"]) > 0  # its call before failing is recorded
@@ -152,6 +155,15 @@ def test_failed_episodes_can_be_dropped_and_a_step_where_all_fail_stops():
     assert by["ok"]["kept"]
     with pytest.raises(AgentFailed, match="failed on all 2 episodes .*no agent today"):
         _run("always_raises", "a", n=2)
+
+
+def test_an_episode_past_its_call_limit_is_refused_and_recorded():
+    rows, _ = _run("calls", "2", "3", n=1, max_calls=2)
+    fine, over = rows
+    assert fine["score_error"] is None and fine["n_turns"] == 2
+    assert over["score_error"].startswith("BadRequestError")
+    assert "made its 2 calls (AgentEnv.max_calls)" in over["score_error"]
+    assert over["n_turns"] == 2 and over["episode_end"] == "env_error"
 
 
 def test_the_endpoint_refuses_what_it_does_not_serve_with_api_errors():
