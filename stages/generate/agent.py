@@ -71,6 +71,7 @@ class AgentEnv(StageSpec):
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of every call (a request's own is ignored)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
     max_tokens: int = Field(64, ge=1)
     """Most tokens one call generates (a request may ask for fewer)."""
     max_calls: int = Field(32, ge=1)
