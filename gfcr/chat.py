@@ -73,7 +73,9 @@ class ChatFormat(Protocol):
 class PlainFormat:
     """No template: messages as their text, newline-separated; a tool's output as
     ``<tool_response>text</tool_response>``; tools listed first as JSON; a turn is
-    closed by EOS."""
+    closed by EOS. The policy's turn follows the last message directly, after a later
+    observation as after the first prompt (a single-turn prompt has no separator
+    either), so a policy trained on single-turn prompts sees a familiar ending."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -88,7 +90,7 @@ class PlainFormat:
         return self.tokenizer.encode("\n".join(head + [_plain(m) for m in messages]))
 
     def delta(self, messages: list[Message], closed: bool) -> list[int]:
-        text = "".join("\n" + _plain(m) for m in messages) + "\n"
+        text = "".join("\n" + _plain(m) for m in messages)
         return ([] if closed else [self.eos]) + self.tokenizer.encode(text)
 
 

@@ -10,6 +10,7 @@ from stages.control.budget import TokenBudget
 from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.engines.hf import HF
+from stages.envs import Feedback, GuessNumber, PythonArithmetic
 from stages.engines.vllm import VLLM
 from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
@@ -21,6 +22,7 @@ from stages.filter.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
 from stages.generate.agent import AgentEnv
+from stages.generate.episodes import Episodes
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
 from stages.generate.tree import TreeRollout
@@ -42,5 +44,6 @@ __all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
-           "CrossRunReplay", "SmolLM2"]
+           "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
+           "PythonArithmetic"]
 __all__ += ["AgentEnv"]

@@ -56,6 +56,7 @@ from functools import lru_cache
 
 from pydantic import Field
 
+from gfcr import codebox
 from gfcr.stage import Spec
 from stages.filter import _cgroup, _process
 from stages.filter._process import VIOLATIONS, Isolation, Outcome, classify
@@ -109,3 +110,14 @@ def unavailable() -> str | None:
     """Why namespaces cannot be had in this process (None when they can): checked once,
     by running a program in them."""
     return _process.unavailable()
+
+
+def _run_with(source: str, *, isolation: Isolation, cpu_seconds: int, wall_seconds: float,
+              memory_mb: int, file_mb: int) -> Outcome:
+    """:func:`run_python` with the limits as keywords: what :mod:`gfcr.codebox` calls."""
+    return run_python(source, Sandbox(isolation=isolation, cpu_seconds=cpu_seconds,
+                                      wall_seconds=wall_seconds, memory_mb=memory_mb,
+                                      file_mb=file_mb))
+
+
+codebox.provide(_run_with)

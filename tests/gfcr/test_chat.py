@@ -34,8 +34,8 @@ def test_plain_format_first_turn_is_the_single_turn_prompt_and_eos_closes_a_cut_
     assert [t["source"] for t in turns] == ["environment", "policy", "environment", "policy",
                                            "tool"]
     assert turns[1]["token_ids"] == first and turns[3]["token_ids"] == cut
-    assert turns[2]["token_ids"] == tok.encode("\nwrong, try again\n")  # closed by its EOS
-    assert turns[4]["token_ids"] == [EOS_ID] + tok.encode("\n<tool_response>19</tool_response>\n")
+    assert turns[2]["token_ids"] == tok.encode("\nwrong, try again")  # closed by its EOS
+    assert turns[4]["token_ids"] == [EOS_ID] + tok.encode("\n<tool_response>19</tool_response>")
     assert (turns[4]["tool_name"], turns[4]["tool_error"]) == ("python", "timeout")
     assert traj.ids() == traj.prompt_ids + traj.completion_ids
     assert traj.completion_ids == first + turns[2]["token_ids"] + cut + turns[4]["token_ids"]

@@ -69,3 +69,38 @@ def chat_policy(seed: int = 0) -> Any:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     return Policy(model=model, tokenizer=chat_tokenizer(), io=TORCH_IO)
+
+
+class Recording:
+    """A real engine that keeps every ``generate`` call's requests and outputs, so a test
+    can compare what was generated with what was stored (nothing is replaced)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+
+    @property
+    def policy(self) -> Any:
+        return self.engine.policy
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.engine.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.engine.decode(ids))
+
+    def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
+                        temperature: float) -> list[float]:
+        return list(self.engine.forced_logprobs(prompt_ids, ids, temperature))
+
+    def generate(self, requests: list[Any], params: Any, on_segment: Any = None) -> list[Any]:
+        outputs = self.engine.generate(requests, params, on_segment)
+        self.calls.append((list(requests), list(outputs)))
+        return list(outputs)
+
+    def update_weights(self, state: Any = None) -> int:
+        return int(self.engine.update_weights(state))
