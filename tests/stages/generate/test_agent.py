@@ -114,7 +114,7 @@ def test_a_tool_call_the_policy_writes_reaches_the_agent_and_the_tool_turn_is_ma
     assert turns[0]["token_ids"] == prompt
     assert engine.decode(turns[1]["token_ids"]) == agents.TOOL_CALL
     assert turns[2]["tool_name"] == "calculator"
-    assert engine.decode(turns[2]["token_ids"]) == "\n<tool_response>21</tool_response>\n"
+    assert engine.decode(turns[2]["token_ids"]) == "\n<tool_response>21</tool_response>"
     assert turns[2]["mask"] is None and turns[1]["mask"] == [True] * len(turns[1]["token_ids"])
 
 
