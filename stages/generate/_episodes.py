@@ -70,7 +70,6 @@ class Episode:
         or all of it rendered) and its call record, to be completed with the output."""
         keys, tools_key = [normal(m) for m in messages], json.dumps(tools, sort_keys=True)
         with self.lock:
-            self.asked += 1
             best = max((c for c in self.contexts if c.tools == tools_key
                         and len(c.messages) < len(keys)
                         and tuple(keys[:len(c.messages)]) == c.messages),
@@ -83,6 +82,12 @@ class Episode:
             ids = best.ids + self.codec.extend(new, messages, best.closed)
         return ids, Call(prompt_ids=ids, role=str(new[-1]["role"]) if new else "user",
                          tool_names=_tool_names(messages, new))
+
+    def admit(self, limit: int) -> bool:
+        """Count a call received; False once ``limit`` calls were."""
+        with self.lock:
+            self.asked += 1
+            return self.asked <= limit
 
     def answered(self, call: Call, out: GenOutput, messages: list[dict[str, Any]],
                  tools: Any, reply: dict[str, Any]) -> None:

@@ -1,11 +1,13 @@
 """Turn-waves: chat requests from many agent threads, generated in batched engine calls.
 
-Agents run on their own threads and call the endpoint whenever they like; the engine is
-driven from one thread only, the generate stage's (an HF engine shares its model with the
-trainer, a vLLM ``LLM`` is not meant to be called from several threads). The server's
-request threads put :class:`Ask` items on a :class:`Waves` queue and wait; the stage's
-thread takes a wave (:meth:`Waves.gather`) and answers every ask of it from one
-``engine.generate`` call.
+Agents run on their own threads and call the endpoint whenever they like; the engine and
+the tokenizer are used from one thread only, the generate stage's (an HF engine shares its
+model with the trainer, a vLLM ``LLM`` is not meant to be called from several threads, and
+a fast tokenizer used from several threads at once can fail with "Already borrowed"). The
+server's request threads put :class:`Ask` items (the request's messages) on a
+:class:`Waves` queue and wait; the stage's thread takes a wave (:meth:`Waves.gather`),
+renders each ask's prompt ids, generates them all in one ``engine.generate`` call and
+answers each.
 
 A wave closes as soon as every live episode is waiting on the model (nothing else can
 arrive; this makes the waves of agents that only talk to the model deterministic), or
@@ -18,26 +20,34 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from gfcr.engine import GenOutput
+from stages.generate._episodes import Call, Episode
 
 
 @dataclass
 class Ask:
-    """One chat request reduced to tokens, waiting for the engine's answer."""
+    """One chat request, waiting for its answer."""
 
-    episode: int
-    prompt_ids: list[int]
+    episode: Episode
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
     max_tokens: int
     stop: tuple[str, ...] = ()
+    call: Call | None = None
+    """Its prompt ids and record, once rendered on the stage's thread."""
     done: threading.Event = field(default_factory=threading.Event)
-    output: GenOutput | None = None
+    response: dict[str, Any] | None = None
     error: str | None = None
-    """Why no output came (the episode timed out, the step ended)."""
+    """Why no response came (the episode ended, the step ended, a bad request)."""
+    status: int = 503
 
-    def answer(self, output: GenOutput | None, error: str | None = None) -> None:
-        self.output, self.error = output, error
+    def answer(self, response: dict[str, Any]) -> None:
+        self.response = response
+        self.done.set()
+
+    def fail(self, status: int, error: str) -> None:
+        self.status, self.error = status, error
         self.done.set()
 
 
@@ -55,7 +65,7 @@ class Waves:
         """Queue ``ask`` (answered at once with an error once the queue is closed)."""
         with self._cond:
             if self._closed is not None:
-                ask.answer(None, self._closed)
+                ask.fail(503, self._closed)
                 return
             self._asks.append(ask)
             self._cond.notify_all()
@@ -84,11 +94,11 @@ class Waves:
             wave, self._asks = self._asks, []
             return wave
 
-    def drop(self, episode: int, reason: str) -> None:
+    def drop(self, episode: Episode, reason: str) -> None:
         """Answer the queued asks of ``episode`` with ``reason`` (it timed out)."""
         with self._cond:
-            for ask in [a for a in self._asks if a.episode == episode]:
-                ask.answer(None, reason)
+            for ask in [a for a in self._asks if a.episode is episode]:
+                ask.fail(410, reason)
                 self._asks.remove(ask)
 
     def close(self, reason: str) -> None:
@@ -96,5 +106,5 @@ class Waves:
         with self._cond:
             self._closed = reason
             for ask in self._asks:
-                ask.answer(None, reason)
+                ask.fail(503, reason)
             self._asks = []

@@ -242,21 +242,22 @@ class _Driver:
 
     def _serve(self, wave: list[Ask]) -> None:
         """Generate a wave: one engine call per distinct ``stop`` of its asks."""
-        for stop in sorted({a.stop for a in wave}):
-            asks = [a for a in wave if a.stop == stop]
+        ready = [(a, ids) for a in wave if (ids := self.server.prepare(a)) is not None]
+        for stop in sorted({a.stop for a, _ in ready}):
+            asks = [(a, ids) for a, ids in ready if a.stop == stop]
             params = SamplingParams(temperature=self.spec.temperature, top_p=self.spec.top_p,
                                     max_tokens=self.spec.max_tokens, stop=stop,
                                     seed=int(self.seeds.integers(2**31 - 1)))
-            requests = [GenRequest(key=i, prompt_ids=a.prompt_ids, max_tokens=a.max_tokens)
-                        for i, a in enumerate(asks)]
+            requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens)
+                        for i, (a, ids) in enumerate(asks)]
             try:
                 outputs = self.engine.generate(requests, params)
             except Exception as err:  # noqa: BLE001 - answered to the agents that asked
-                for a in asks:
-                    a.answer(None, f"the engine failed: {type(err).__name__}: {err}")
+                for a, _ in asks:
+                    a.fail(503, f"the engine failed: {type(err).__name__}: {err}")
                 continue
-            for a, out in zip(asks, outputs):
-                a.answer(out)
+            for (a, _), out in zip(asks, outputs):
+                self.server.finish(a, out)
 
 
 def _agent(ref: str, what: str) -> Callable[..., Any]:

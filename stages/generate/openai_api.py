@@ -6,12 +6,13 @@ Routes, under each episode's base URL ``http://127.0.0.1:PORT/ep/<token>/v1``:
 - ``GET  /models``: the one model served (its name is any the client likes to pass);
 - ``POST /chat/completions``: non-streaming chat completions, with ``tools``.
 
-A request's messages become token ids through the episode's record
+A request waits on the turn-wave queue (:mod:`stages.generate._waves`); on the stage's
+thread, its messages become token ids through the episode's record
 (:mod:`stages.generate._episodes`: the stored ids of a conversation it extends, and only
-its new messages rendered); its ids wait on the turn-wave queue
-(:mod:`stages.generate._waves`) and the stage's thread generates each wave in one engine
-call; tool calls are read from the generated text (:mod:`stages.generate._toolcalls`);
-the answer carries ``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's: ``temperature`` and ``top_p`` of a
+its new messages rendered: :meth:`AgentServer.prepare`), each wave is generated in one
+engine call, and tool calls are read from the generated text
+(:mod:`stages.generate._toolcalls`: :meth:`AgentServer.finish`); the answer carries
+``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's: ``temperature`` and ``top_p`` of a
 request are ignored, so the behaviour logprobs match what the trainer computes; its
 ``max_tokens`` (or ``max_completion_tokens``) and ``stop`` apply, ``max_tokens`` capped
 by the stage's. ``n`` must be 1 and ``stream`` false (the stage samples ``n`` episodes
@@ -31,6 +32,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from gfcr.engine import GenOutput
 from stages.generate._episodes import Episode
 from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves
@@ -87,7 +89,7 @@ class AgentServer:
         """Refuse ``episode``'s further requests and drop its queued ones."""
         with self._lock:
             self._ended |= {t for t, e in self.episodes.items() if e is episode}
-        self.waves.drop(episode.index, reason)
+        self.waves.drop(episode, reason)
 
     def episode(self, token: str) -> Episode:
         with self._lock:
@@ -106,32 +108,52 @@ class AgentServer:
                                             "created": 0, "owned_by": "gfcr"}]}
 
     def chat(self, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+        """A request thread's call: checked here, answered by the stage's thread."""
         messages, tools = _checked(body)
-        if episode.asked >= self.max_calls:
+        if not episode.admit(self.max_calls):
             raise ApiError(400, f"this episode has made its {self.max_calls} calls "
                                 "(AgentEnv.max_calls); gfcr answers no more", "call_limit")
-        ids, call = episode.prompt(messages, tools)
-        ask = Ask(episode.index, ids, _cap(body, self.max_tokens), _stops(body))
+        ask = Ask(episode, messages, tools, _cap(body, self.max_tokens), _stops(body))
         self.waves.put(ask)
-        if not ask.done.wait(self.wait) or ask.output is None:
-            raise ApiError(503, ask.error or f"no answer within {self.wait:g} s",
-                           "unavailable")
-        out = ask.output
+        if not ask.done.wait(self.wait):
+            raise ApiError(503, f"no answer within {self.wait:g} s", "unavailable")
+        if ask.response is None:
+            raise ApiError(ask.status, ask.error or "no answer", "unavailable")
+        return ask.response
+
+    # ------------------------------------------------------------------ the stage's thread
+
+    def prepare(self, ask: Ask) -> list[int] | None:
+        """The ask's prompt ids (its call recorded on the ask), or None after answering
+        it with the error its messages raised when rendered."""
+        try:
+            ids, ask.call = ask.episode.prompt(ask.messages, ask.tools)
+        except Exception as err:  # noqa: BLE001 - the request's fault, answered to it
+            ask.fail(400, f"the messages cannot be rendered for the policy: "
+                          f"{type(err).__name__}: {err}")
+            return None
+        return ids
+
+    def finish(self, ask: Ask, out: GenOutput) -> None:
+        """Answer ``ask`` with what the engine generated, parsed, and record the call."""
+        episode, call = ask.episode, ask.call
+        assert call is not None, "prepare() comes first"
         call_id = f"call_{episode.index}_{len(episode.calls)}"
-        content, calls = parse(self.decode(out.completion_ids), declared_names(tools), call_id)
+        content, calls = parse(self.decode(out.completion_ids), declared_names(ask.tools),
+                               call_id)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
-        episode.answered(call, out, messages, tools, reply)
+        episode.answered(call, out, ask.messages, ask.tools, reply)
         finish = "tool_calls" if calls else ("length" if out.finish_reason == "length"
                                             else "stop")
-        n_in, n_out = len(ids), len(out.completion_ids)
-        return {"id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.model,
-                "choices": [{"index": 0, "message": reply, "finish_reason": finish,
-                             "logprobs": None}],
-                "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                          "total_tokens": n_in + n_out}}
+        n_in, n_out = len(call.prompt_ids), len(out.completion_ids)
+        ask.answer({"id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion",
+                    "created": int(time.time()), "model": self.model,
+                    "choices": [{"index": 0, "message": reply, "finish_reason": finish,
+                                 "logprobs": None}],
+                    "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                              "total_tokens": n_in + n_out}})
 
 
 def _checked(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:

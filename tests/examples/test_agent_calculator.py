@@ -44,9 +44,11 @@ def test_the_script_talks_to_gfcrs_endpoint_as_to_any_openai_server():
                                  "What is 3 * 7?"], stdout=subprocess.PIPE, text=True)
         while user.poll() is None:  # serve its calls, one wave each, as AgentEnv does
             for ask in waves.gather(lambda: 1, timeout=0.5):
-                (out,) = engine.generate([GenRequest(0, ask.prompt_ids, max_tokens=ask.max_tokens)],
+                ids = server.prepare(ask)
+                assert ids is not None
+                (out,) = engine.generate([GenRequest(0, ids, max_tokens=ask.max_tokens)],
                                          SamplingParams(max_tokens=8, seed=0))
-                ask.answer(out)
+                server.finish(ask, out)
         printed = user.stdout.read() if user.stdout else ""
     assert user.returncode == 0 and printed.strip() == "0.0"  # no answer to compare with
     assert 1 <= len(episode.calls) <= 3
