@@ -25,13 +25,15 @@ closed (the endpoint refuses its calls) and the thread is left to end on its own
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
+from typing import (Any, Callable, ClassVar, Iterator, Literal, Protocol,
+                    runtime_checkable)
 
 import pyarrow as pa
 from pydantic import Field, field_validator
@@ -105,7 +107,6 @@ class AgentEnv(StageSpec):
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
         fn = _agent(self.agent, f"stage {self.label!r}: agent")
-        client = _client_class(self.label)
         tasks = plan.to_pylist()
         chat = chat_format(_tokenizer(engine))
         codec = OpenAIChat(chat)
@@ -115,7 +116,8 @@ class AgentEnv(StageSpec):
                 runs.append(_Run(p_idx, sample, Episode(len(runs), codec)))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
-                         wait=self.timeout, max_calls=self.max_calls) as server:
+                         wait=self.timeout, max_calls=self.max_calls) as server, \
+                _clients(self.label, self.timeout) as client:
             _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
         return self._table(ctx, tasks, runs, engine)
 
@@ -205,11 +207,9 @@ class _Driver:
         return max(0.0, min((r.started + self.spec.timeout - now for r in self.live),
                             default=0.0))
 
-    def _start(self, run: _Run, fn: Callable[..., Any], client_class: Any,
+    def _start(self, run: _Run, fn: Callable[..., Any], clients: Callable[[str], Any],
                task: dict[str, Any]) -> None:
-        url = self.server.open(run.episode)
-        client = client_class(base_url=url, api_key="gfcr", max_retries=0,
-                              timeout=self.spec.timeout)
+        client = clients(self.server.open(run.episode))
 
         def body() -> None:
             try:
@@ -286,13 +286,33 @@ def _n(prompt: dict[str, Any], default: int) -> int:
     return default if prompt.get(PLAN_N) is None else int(prompt[PLAN_N])
 
 
-def _client_class(label: str) -> Any:
+@contextlib.contextmanager
+def _clients(label: str, timeout: float) -> Iterator[Callable[[str], Any]]:
+    """Makes each episode's ``openai.OpenAI`` client. They share one HTTP connection
+    pool for the step (a client of its own costs ~0.1 s to build, its TLS set-up, which
+    was most of a one-call episode's cost); an agent closing its client leaves the pool
+    open for the others."""
     try:
+        import httpx
         import openai
     except ImportError:
         raise ImportError(f"stage {label!r} (AgentEnv) hands the agent an openai.OpenAI "
                           "client: install the openai package (pip install openai)") from None
-    return openai.OpenAI
+
+    class Shared(httpx.Client):
+        def close(self) -> None:
+            """Kept open: the step closes it (``really_close``)."""
+
+        def really_close(self) -> None:
+            super().close()
+
+    http = Shared(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+                  timeout=timeout, trust_env=False)
+    try:
+        yield lambda url: openai.OpenAI(base_url=url, api_key="gfcr", max_retries=0,
+                                        timeout=timeout, http_client=http)
+    finally:
+        http.really_close()
 
 
 @runtime_checkable

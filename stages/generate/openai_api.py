@@ -199,6 +199,7 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
 
 def _handler(server: AgentServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
         def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
             self._serve(lambda token, _: (server.episode(token), server.models())[1])
 
@@ -207,13 +208,14 @@ def _handler(server: AgentServer) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self, route: Callable[[str, Any], dict[str, Any]]) -> None:
             try:
+                body = self._body()  # read first: the connection is kept alive
                 token, path = _split(self.path)
                 want = "/models" if self.command == "GET" else "/chat/completions"
                 if path != want:
                     raise ApiError(404, f"no route {self.command} {path!r}; gfcr serves "
                                         "GET /v1/models and POST /v1/chat/completions",
                                    "not_found")
-                status, payload = 200, route(token, self._body())
+                status, payload = 200, route(token, body)
             except ApiError as err:
                 status = err.status
                 payload = {"error": {"message": err.message, "type": err.kind,
@@ -234,6 +236,7 @@ def _handler(server: AgentServer) -> type[BaseHTTPRequestHandler]:
                 return None
             size = int(self.headers.get("Content-Length") or 0)
             if size > MAX_BODY:
+                self.close_connection = True  # its body stays unread
                 raise ApiError(413, f"request body of {size} bytes is over {MAX_BODY}")
             try:
                 return json.loads(self.rfile.read(size) or b"null")

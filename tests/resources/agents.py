@@ -124,6 +124,14 @@ def calls(client: Any, task: dict) -> float:
     return 1.0
 
 
+def closes_its_client(client: Any, task: dict) -> float:
+    """Calls, then closes its client (the others' share its connection pool)."""
+    client.chat.completions.create(model="m", max_tokens=2,
+                                   messages=[{"role": "user", "content": task["question"]}])
+    client.close()
+    return 1.0
+
+
 def always_raises(client: Any, task: dict) -> float:
     raise RuntimeError("no agent today")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from gfcr.rollout import conform, loss_mask
@@ -157,6 +158,12 @@ def test_failed_episodes_can_be_dropped_and_a_step_where_all_fail_stops():
         _run("always_raises", "a", n=2)
 
 
+def test_an_agent_closing_its_client_leaves_the_others_theirs():
+    rows, engine = _run("closes_its_client", "a", "b", n=3)
+    assert [r["score_error"] for r in rows] == [None] * 6
+    assert [len(requests) for requests, _, _ in engine.calls] == [6]
+
+
 def test_an_episode_past_its_call_limit_is_refused_and_recorded():
     rows, _ = _run("calls", "2", "3", n=1, max_calls=2)
     fine, over = rows
@@ -182,6 +189,9 @@ def test_the_endpoint_refuses_what_it_does_not_serve_with_api_errors():
             chat.create(model="policy", messages=messages, n=2)
         with pytest.raises(openai.BadRequestError, match=r"messages\[0\] must be"):
             chat.create(model="policy", messages=[{"role": "robot", "content": "x"}])
+        with httpx.Client(base_url=server.open(episode)) as http:  # one kept-alive connection
+            assert http.post("/nope", json={"messages": messages}).status_code == 404
+            assert http.get("/models").json()["data"][0]["id"] == "policy"
         server.end(episode, "the episode ended")
         with pytest.raises(openai.APIStatusError, match="this episode has ended") as gone:
             chat.create(model="policy", messages=messages)
