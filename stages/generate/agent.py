@@ -293,21 +293,19 @@ def _clients(label: str, timeout: float) -> Iterator[Callable[[str], Any]]:
     was most of a one-call episode's cost); an agent closing its client leaves the pool
     open for the others."""
     try:
-        import httpx
         import openai
     except ImportError:
         raise ImportError(f"stage {label!r} (AgentEnv) hands the agent an openai.OpenAI "
                           "client: install the openai package (pip install openai)") from None
 
-    class Shared(httpx.Client):
+    class Shared(openai.DefaultHttpxClient):
         def close(self) -> None:
             """Kept open: the step closes it (``really_close``)."""
 
         def really_close(self) -> None:
             super().close()
 
-    http = Shared(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-                  timeout=timeout, trust_env=False)
+    http = Shared(timeout=timeout, trust_env=False)  # openai's connection limits (1,000)
     try:
         yield lambda url: openai.OpenAI(base_url=url, api_key="gfcr", max_retries=0,
                                         timeout=timeout, http_client=http)
