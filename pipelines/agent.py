@@ -4,11 +4,10 @@ pipeline's sums through gfcr's OpenAI-compatible endpoint over the policy, and w
 returns is the reward, so there is no Verify stage.
 
 The tiny policy reads the plain chat format (gfcr.chat): the first turn is the question
-text as single-turn pipelines show it, after the tools the agent declares (the warm
-start is the default's, on a policy with a longer context); the policy's tool calls, if any, are ``<tool_call>`` blocks
-(stages.generate._toolcalls). Run it from the repository root, where the agent's module
-is found (``gfcr run agent``).
-"""
+text as single-turn pipelines show it, after the tools the agent declares (the warm start
+is the default's, on a policy with a longer context); the policy's tool calls, if any, are
+``<tool_call>`` blocks (stages.generate._toolcalls). Run it from the repository root,
+where the agent's module is found (``gfcr run agent``)."""
 
 from gfcr import Pipeline
 from pipelines.default import LR, SETUP

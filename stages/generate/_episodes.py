@@ -3,10 +3,10 @@
 **Prompts without re-tokenization.** Every answered call leaves a :class:`Context`: the
 request's messages with the assistant's reply appended, and the ids behind them (the
 call's prompt ids, then the ids the engine generated). A later request whose messages
-extend a context (same tools, the context's messages first, the reply as it was
-returned) gets that context's ids as its prefix and only its new messages are rendered
-(:meth:`~stages.generate._openai_chat.OpenAIChat.extend`); generated text is never encoded again. Any other request is
-rendered whole.
+extend a context (same tools, the context's messages first, the reply as it was returned)
+gets that context's ids as its prefix and only its new messages are rendered
+(:meth:`~stages.generate._openai_chat.OpenAIChat.extend`); generated text is never encoded
+again. Any other request is rendered whole.
 
 **Trajectories.** After the episode, its calls become rows (:func:`trajectories`): a call
 whose prompt ids start with a trajectory's ids so far (its last call's prompt and
@@ -58,6 +58,8 @@ class Episode:
 
     index: int
     codec: OpenAIChat
+    max_tokens: int | None = None
+    """The task's cap on one call's tokens (the plan's ``max_tokens``); None: the stage's."""
     calls: list[Call] = field(default_factory=list)
     contexts: list[Context] = field(default_factory=list)
     asked: int = 0

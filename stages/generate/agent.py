@@ -14,7 +14,11 @@ context is the next turn of the same row (the environment's or tool's tokens out
 loss, the policy's in it with their logprobs), one that does not starts a branch, a new
 row whose ``parent_id`` is the row it shares the longest prefix with. Every row of an
 episode carries the episode's reward, and all rows of a task's episodes share one group,
-so GRPO's group baseline counts a branched episode once per branch (rLLM does the same).
+so GRPO's group baseline counts a branched episode once per branch (a choice: weighting
+branches by 1/branches would be the alternative).
+
+A plan's ``n`` column sets a task's episodes and its ``max_tokens`` column the task's cap
+per call (Control stages that allocate them work unchanged).
 
 An agent that raises, returns something other than a finite number, or runs past
 ``timeout`` is recorded in ``score_error`` (reward 0, or the rows dropped:
@@ -112,8 +116,9 @@ class AgentEnv(StageSpec):
         codec = OpenAIChat(chat)
         runs: list[_Run] = []
         for p_idx, prompt in enumerate(tasks):
+            cap = None if prompt.get(PLAN_MAX_TOKENS) is None else int(prompt[PLAN_MAX_TOKENS])
             for sample in range(_n(prompt, self.n)):
-                runs.append(_Run(p_idx, sample, Episode(len(runs), codec)))
+                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, max_tokens=cap)))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
                          wait=self.timeout, max_calls=self.max_calls) as server, \

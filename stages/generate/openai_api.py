@@ -12,11 +12,12 @@ thread, its messages become token ids through the episode's record
 its new messages rendered: :meth:`AgentServer.prepare`), each wave is generated in one
 engine call, and tool calls are read from the generated text
 (:mod:`stages.generate._toolcalls`: :meth:`AgentServer.finish`); the answer carries
-``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's: ``temperature`` and ``top_p`` of a
-request are ignored, so the behaviour logprobs match what the trainer computes; its
-``max_tokens`` (or ``max_completion_tokens``) and ``stop`` apply, ``max_tokens`` capped
-by the stage's. ``n`` must be 1 and ``stream`` false (the stage samples ``n`` episodes
-itself). Errors come back as the API's error objects (the client raises them).
+``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's:
+``temperature`` and ``top_p`` of a request are ignored, so the behaviour logprobs match
+what the trainer computes; its ``max_tokens`` (or ``max_completion_tokens``) and ``stop``
+apply, ``max_tokens`` capped by the stage's. ``n`` must be 1 and ``stream`` false (the
+stage samples ``n`` episodes itself). Errors come back as the API's error objects (the
+client raises them).
 
 The server binds 127.0.0.1 on a free port, lives for one generate call, and knows only
 the episodes the stage opened: each episode's URL holds a random token, and a request
@@ -113,7 +114,8 @@ class AgentServer:
         if not episode.admit(self.max_calls):
             raise ApiError(400, f"this episode has made its {self.max_calls} calls "
                                 "(AgentEnv.max_calls); gfcr answers no more", "call_limit")
-        ask = Ask(episode, messages, tools, _cap(body, self.max_tokens), _stops(body))
+        cap = min(self.max_tokens, episode.max_tokens or self.max_tokens)
+        ask = Ask(episode, messages, tools, _cap(body, cap), _stops(body))
         self.waves.put(ask)
         if not ask.done.wait(self.wait):
             raise ApiError(503, f"no answer within {self.wait:g} s", "unavailable")

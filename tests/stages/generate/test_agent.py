@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from gfcr.rollout import conform, loss_mask
@@ -156,6 +157,17 @@ def test_failed_episodes_can_be_dropped_and_a_step_where_all_fail_stops():
     assert by["ok"]["kept"]
     with pytest.raises(AgentFailed, match="failed on all 2 episodes .*no agent today"):
         _run("always_raises", "a", n=2)
+
+
+def test_the_plans_n_and_max_tokens_set_each_tasks_episodes_and_cap():
+    table = plan("1+2=", "3+4=").append_column("n", pa.array([1, 3], pa.int64())) \
+        .append_column("max_tokens", pa.array([2, None], pa.int64()))
+    stage = AgentEnv(agent=REF + "three_turns", max_tokens=16, window=5.0)
+    rows = conform(stage.generate(context(), table, _engine(), None)).to_pylist()
+    assert [r["prompt"] for r in rows] == ["1+2="] + ["3+4="] * 3
+    lengths = [[len(t["token_ids"]) for t in r["turns"] if t["source"] == "policy"]
+               for r in rows]
+    assert max(lengths[0]) <= 2 and max(max(x) for x in lengths[1:]) > 2  # the agent asks 6
 
 
 def test_an_agent_closing_its_client_leaves_the_others_theirs():
