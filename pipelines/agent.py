@@ -7,7 +7,9 @@ The tiny policy reads the plain chat format (gfcr.chat): the first turn is the q
 text as single-turn pipelines show it, after the tools the agent declares (the warm start
 is the default's, on a policy with a longer context); the policy's tool calls, if any, are
 ``<tool_call>`` blocks (stages.generate._toolcalls). Run it from the repository root,
-where the agent's module is found (``gfcr run agent``)."""
+where the agent's module is found (``gfcr run agent``). The held-out evaluation is the
+default's (greedy single-turn answers, the task's scorer), not the agent's episodes.
+"""
 
 from gfcr import Pipeline
 from pipelines.default import LR, SETUP

@@ -14,6 +14,12 @@ from tests.resources.agents import needs_openai
 needs_openai()
 
 
+def test_agent_pipeline_round_trips_through_yaml():
+    p = agent_pipeline
+    assert Pipeline.from_yaml(p.to_yaml()).spec_hash() == p.spec_hash()
+    assert p.stage("agent").agent == "examples.agent_calculator:solve"
+
+
 def test_agent_pipeline_trains_two_steps_on_its_agents_rewards(tmp_path):
     data = _shrunk(agent_pipeline).to_dict()
     data["stages"][1]["n"], data["steps"] = 3, 2
