@@ -16,8 +16,9 @@ engine call, and tool calls are read from the generated text
 ``temperature`` and ``top_p`` of a request are ignored, so the behaviour logprobs match
 what the trainer computes; its ``max_tokens`` (or ``max_completion_tokens``) and ``stop``
 apply, ``max_tokens`` capped by the stage's. ``n`` must be 1 and ``stream`` false (the
-stage samples ``n`` episodes itself). Errors come back as the API's error objects (the
-client raises them).
+stage samples ``n`` episodes itself). Other fields (``tool_choice``, ``response_format``,
+``logprobs``, ``seed``, ...) are ignored. Errors come back as the API's error objects
+(the client raises them).
 
 The server binds 127.0.0.1 on a free port, lives for one generate call, and knows only
 the episodes the stage opened: each episode's URL holds a random token, and a request
