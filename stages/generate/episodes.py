@@ -34,7 +34,7 @@ from gfcr.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHo
 from gfcr.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.rollout import (EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_N, ROLLOUT_SCHEMA,
                           TURN_COUNT, col, stable_id)
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
 
@@ -99,6 +99,13 @@ class Episodes(StageSpec):
 
     def sampling_temperature(self) -> float:
         return self.temperature
+
+    def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]:
+        """In-flight control hooks (APRIL, ARRoL, budgets) act on one engine call; an
+        episode spans several, so they are refused here rather than silently ignored."""
+        return [f"{self.label}: the in-flight control stage {s.label!r} cannot act on "
+                f"multi-turn episodes (each turn is its own engine call); remove it"
+                for s in stages if isinstance(s, OnSegment)]
 
     def plan_defaults(self) -> dict[str, int]:
         return {PLAN_N: self.n, PLAN_MAX_TOKENS: self.max_tokens}

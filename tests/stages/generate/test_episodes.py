@@ -171,3 +171,13 @@ def test_an_unknown_environment_is_refused_naming_it() -> None:
         Episodes(env="nope")
     with pytest.raises(ValueError, match="cannot load 'Nope' from module"):
         Episodes(env=f"{__name__}:Nope")
+
+
+def test_an_in_flight_control_stage_beside_episodes_is_refused() -> None:
+    from gfcr import PipelineError
+    from stages import GRPO, OnlinePrune, UniformSampler
+    from tests.conftest import tiny_pipeline
+
+    with pytest.raises(PipelineError, match="cannot act on multi-turn episodes"):
+        tiny_pipeline(stages=[UniformSampler(batch=2), OnlinePrune(),
+                              Episodes(env="feedback", n=2), GRPO()])
