@@ -35,7 +35,8 @@ def bpe_engine() -> Recording:
     return Recording(HF(device="cpu").build(chat_policy(seed=0), seed=0))
 
 
-def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1.0) -> None:
+def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1.0,
+                      atol: float = 2e-4) -> None:
     """Every stored policy turn is the ids and logprobs the engine returned for that
     episode, each request's prompt is the trajectory so far, and the logprobs match a
     teacher-forced pass over the stored sequence."""
@@ -59,7 +60,7 @@ def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1
             continue
         forced = np.array(engine.forced_logprobs(r[col.PROMPT_IDS], r[col.COMPLETION_IDS],
                                                  temperature))
-        assert np.allclose(forced[mask], np.array(r[col.LOGPROBS])[mask], atol=2e-4)
+        assert np.allclose(forced[mask], np.array(r[col.LOGPROBS])[mask], atol=atol)
         assert not np.array(r[col.LOGPROBS])[~mask].any()  # observation tokens: 0
     conform(table)  # the flat columns and turns fit the rollout schema
 
