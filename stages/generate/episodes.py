@@ -144,11 +144,15 @@ class Episodes(StageSpec):
         outcomes = call_all([lambda e=e: reset(e) for e in episodes],  # type: ignore[misc]
                             timeout=self.env_timeout, workers=self.env_workers)
         for e, o in zip(episodes, outcomes):
-            if _failed(e, o, "reset"):
-                e.traj.start([Message("user", e.task["prompt"])])
-                continue
-            e.env, messages, tools = o.value
-            e.traj.start(messages, tools)
+            if not _failed(e, o, "reset"):
+                try:  # the first messages and tools may not render
+                    e.env, messages, tools = o.value
+                    e.traj.start(messages, tools)
+                    continue
+                except Exception as err:  # noqa: BLE001 - user code's output: recorded
+                    _invalid(e, "reset", err)
+            e.traj.turns.clear()
+            e.traj.start([Message("user", e.task["prompt"])])
         return episodes
 
     def _policy_turn(self, live: list[Episode], engine: Engine, seed: int) -> None:
@@ -181,9 +185,11 @@ class Episodes(StageSpec):
         for e, o in zip(live, outcomes):
             if _failed(e, o, "step"):
                 continue
-            result: Step = o.value
-            e.traj.reward_last(result.reward)
-            self._go_on(e, result, last)
+            try:  # what the environment returned may not be a Step of messages
+                e.traj.reward_last(o.value.reward)
+                self._go_on(e, o.value, last)
+            except Exception as err:  # noqa: BLE001 - user code's output: recorded
+                _invalid(e, "step", err)
 
     def _go_on(self, e: Episode, result: Step, last: bool) -> None:
         """After the environment's answer: end the episode, or append its observation."""
@@ -242,6 +248,13 @@ def _failed(e: Episode, o: Outcome, call: str) -> bool:
         e.end = "env_error"
         e.error = f"EnvError: {call} raised {type(o.error).__name__}: {o.error}"
     return e.end in ("env_timeout", "env_error")
+
+
+def _invalid(e: Episode, call: str, err: Exception) -> None:
+    """An environment's answer that cannot be used ends its episode, recorded."""
+    e.end = "env_error"
+    e.error = (f"EnvError: {call} returned what cannot be appended to the conversation "
+               f"({type(err).__name__}: {err})")
 
 
 def _tokenizer(engine: Engine) -> Tokenizer:
