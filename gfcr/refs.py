@@ -12,8 +12,9 @@ import re
 from typing import Any, Iterable
 
 REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-FIELDS = ("ref", "scorer", "errors")
-"""Config fields that may hold a reference (Function.ref, Verify.scorer, RoCFilter.errors)."""
+FIELDS = ("ref", "scorer", "errors", "agent")
+"""Config fields that may hold a reference (Function.ref, Verify.scorer, RoCFilter.errors,
+AgentEnv.agent)."""
 
 _ALLOWED: tuple[frozenset[str], frozenset[str]] | None = None
 """(references, modules) this process may resolve; None: any (a run's own process)."""

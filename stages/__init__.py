@@ -24,6 +24,7 @@ from stages.filter.roc import ResampleOnCorrect
 from stages.filter.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
+from stages.generate.agent import AgentEnv
 from stages.generate.episodes import Episodes
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
@@ -49,3 +50,4 @@ __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFChec
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
            "PythonArithmetic"]
+__all__ += ["AgentEnv"]

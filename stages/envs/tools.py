@@ -78,6 +78,7 @@ class PythonTool(Spec):
     def run(self, arguments: dict[str, Any]) -> tuple[str, str | None]:
         """Run a call's ``code``: (what the policy sees, the tool error or None)."""
         code = arguments.get("code")
+        error: str | None = None
         if not isinstance(code, str):
             error = "arguments: the python tool needs a string argument 'code'"
             return f"error: {error}", error
@@ -85,7 +86,6 @@ class PythonTool(Spec):
                                wall_seconds=self.wall_seconds, memory_mb=self.memory_mb,
                                file_mb=self.file_mb)
         shown = out.stdout
-        error = None
         if out.verdict != "ok":
             last = (out.stderr.strip().splitlines() or [""])[-1]
             error = f"{out.verdict}: {last}".strip().rstrip(":")

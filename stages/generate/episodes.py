@@ -34,7 +34,7 @@ from gfcr.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHo
 from gfcr.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
                           PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
 
@@ -106,6 +106,13 @@ class Episodes(StageSpec):
     def sampling_temperature(self) -> float:
         return self.temperature
 
+    def check_pipeline(self, stages: tuple[StageSpec, ...]) -> list[str]:
+        """In-flight control hooks (APRIL, ARRoL, budgets) act on one engine call; an
+        episode spans several, so they are refused here rather than silently ignored."""
+        return [f"{self.label}: the in-flight control stage {s.label!r} cannot act on "
+                f"multi-turn episodes (each turn is its own engine call); remove it"
+                for s in stages if isinstance(s, OnSegment)]
+
     def plan_defaults(self) -> dict[str, int]:
         return {PLAN_N: self.n, PLAN_MAX_TOKENS: self.max_tokens}
 
@@ -148,14 +155,18 @@ class Episodes(StageSpec):
         outcomes = call_all([lambda e=e: reset(e) for e in episodes],  # type: ignore[misc]
                             timeout=self.env_timeout, workers=self.env_workers)
         for e, o in zip(episodes, outcomes):
-            if _failed(e, o, "reset"):
-                e.traj.start([Message("user", e.task["prompt"])])
-                continue
-            e.env, messages, tools = o.value
-            if e.branch is None:
-                e.traj.start(messages, tools)
-            else:
-                e.traj.turns = [Turn(**t) for t in e.branch["turns"]]
+            if not _failed(e, o, "reset"):
+                try:  # the first messages and tools may not render
+                    e.env, messages, tools = o.value
+                    if e.branch is None:
+                        e.traj.start(messages, tools)
+                    else:
+                        e.traj.turns = [Turn(**t) for t in e.branch["turns"]]
+                    continue
+                except Exception as err:  # noqa: BLE001 - user code's output: recorded
+                    _invalid(e, "reset", err)
+            e.traj.turns.clear()
+            e.traj.start([Message("user", e.task["prompt"])])
         return episodes
 
     def _policy_turn(self, live: list[Episode], engine: Engine, seed: int) -> None:
@@ -188,10 +199,12 @@ class Episodes(StageSpec):
         for e, o in zip(live, outcomes):
             if _failed(e, o, "step"):
                 continue
-            result: Step = o.value
-            e.traj.reward_last(result.reward)
-            last = sum(t.source == "policy" for t in e.traj.turns) >= e.limit
-            self._go_on(e, result, last)
+            try:  # what the environment returned may not be a Step of messages
+                e.traj.reward_last(o.value.reward)
+                last = sum(t.source == "policy" for t in e.traj.turns) >= e.limit
+                self._go_on(e, o.value, last)
+            except Exception as err:  # noqa: BLE001 - user code's output: recorded
+                _invalid(e, "step", err)
 
     def _go_on(self, e: Episode, result: Step, last: bool) -> None:
         """After the environment's answer: end the episode, or append its observation."""
@@ -250,6 +263,13 @@ def _failed(e: Episode, o: Outcome, call: str) -> bool:
         e.end = "env_error"
         e.error = f"EnvError: {call} raised {type(o.error).__name__}: {o.error}"
     return e.end in ("env_timeout", "env_error")
+
+
+def _invalid(e: Episode, call: str, err: Exception) -> None:
+    """An environment's answer that cannot be used ends its episode, recorded."""
+    e.end = "env_error"
+    e.error = (f"EnvError: {call} returned what cannot be appended to the conversation "
+               f"({type(err).__name__}: {err})")
 
 
 def _tokenizer(engine: Engine) -> Tokenizer:

@@ -77,3 +77,20 @@ def test_agentic_pipeline_runs_two_steps_on_vllm(tmp_path: Any, llm_pool: LLMPoo
         llm_pool.release()
     assert summary.steps == 2
     _check_store(tmp_path, "agentic-vllm")
+
+
+def test_vllm_episodes_are_token_exact_over_several_turns(llm_pool: LLMPool) -> None:
+    from stages import Episodes
+    from tests.resources.chat import Recording
+    from tests.resources.rollouts import context
+    from tests.stages.generate.test_episodes import check_token_exact, plan
+
+    try:
+        engine = Recording(vllm_engine_spec().build(VLLM_POLICY.build(seed=0), seed=0))
+        stage = Episodes(env="feedback", env_options={"max_tries": 3, "hint": "answer"}, n=3,
+                         max_turns=3, max_tokens=4)
+        table = stage.generate(context(), plan(), engine, None)
+    finally:
+        llm_pool.release()
+    assert max(table.column("n_turns").to_pylist()) == 3 and len(engine.calls) == 3
+    check_token_exact(table, engine, atol=2e-3)  # vLLM's CPU kernels against torch's pass

@@ -110,3 +110,33 @@ def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> N
     data.update(engine=spec.model_dump(), steps=1)
     summary = execute(Pipeline(**data), root=tmp_path, executor="local")
     assert summary.steps == 1 and summary.rollouts > 0
+
+
+def test_agent_env_serves_an_openai_client_agent_from_vllm(tmp_path: Any) -> None:
+    """The AgentEnv endpoint over the vLLM engine: each policy turn is vLLM's ids with
+    logprobs equal to a teacher-forced pass; then the agent pipeline trains two steps."""
+    from gfcr.rollout import conform, loss_mask
+    from pipelines.agent import pipeline as agent_pipeline
+    from stages import AgentEnv
+    from tests.resources.agents import Recording, needs_openai, plan
+    from tests.resources.rollouts import context
+
+    needs_openai()
+    policy = VLLM_POLICY.build(seed=0)
+    engine = Recording(vllm_engine_spec().build(policy, seed=0))
+    stage = AgentEnv(agent="tests.resources.agents:three_turns", n=2, max_tokens=6, window=5.0)
+    rows = conform(stage.generate(context(), plan("1+2=", "7*8="), engine, None)).to_pylist()
+    assert [len(requests) for requests, _, _ in engine.calls] == [4, 4, 4]
+    generated = sorted(o.completion_ids for _, _, outs in engine.calls for o in outs)
+    assert sorted(t["token_ids"] for r in rows for t in r["turns"]
+                  if t["source"] == "policy") == generated
+    for row in rows:
+        mask = loss_mask(row["turns"])
+        want = token_logprobs(policy.model, row["prompt_ids"], row["completion_ids"], 1.0)
+        got = torch.tensor(row["logprobs"])
+        assert torch.allclose(got[torch.tensor(mask)], want.float()[torch.tensor(mask)],
+                              atol=1e-4)
+    data: dict[str, Any] = _on_vllm(agent_pipeline).to_dict()
+    data["steps"], data["policy"]["max_position"] = 2, 1024  # the tools and a few turns
+    summary = execute(Pipeline(**data), root=tmp_path, executor="local")
+    assert summary.steps == 2 and summary.rollouts > 0

@@ -35,7 +35,8 @@ def bpe_engine() -> Recording:
     return Recording(HF(device="cpu").build(chat_policy(seed=0), seed=0))
 
 
-def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1.0) -> None:
+def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1.0,
+                      atol: float = 2e-4) -> None:
     """Every stored policy turn is the ids and logprobs the engine returned for that
     episode, each request's prompt is the trajectory so far, and the logprobs match a
     teacher-forced pass over the stored sequence."""
@@ -59,7 +60,7 @@ def check_token_exact(table: pa.Table, engine: Recording, temperature: float = 1
             continue
         forced = np.array(engine.forced_logprobs(r[col.PROMPT_IDS], r[col.COMPLETION_IDS],
                                                  temperature))
-        assert np.allclose(forced[mask], np.array(r[col.LOGPROBS])[mask], atol=2e-4)
+        assert np.allclose(forced[mask], np.array(r[col.LOGPROBS])[mask], atol=atol)
         assert not np.array(r[col.LOGPROBS])[~mask].any()  # observation tokens: 0
     conform(table)  # the flat columns and turns fit the rollout schema
 
@@ -171,3 +172,38 @@ def test_an_unknown_environment_is_refused_naming_it() -> None:
         Episodes(env="nope")
     with pytest.raises(ValueError, match="cannot load 'Nope' from module"):
         Episodes(env=f"{__name__}:Nope")
+
+
+def test_an_in_flight_control_stage_beside_episodes_is_refused() -> None:
+    from gfcr import PipelineError
+    from stages import GRPO, OnlinePrune, UniformSampler
+    from tests.conftest import tiny_pipeline
+
+    with pytest.raises(PipelineError, match="cannot act on multi-turn episodes"):
+        tiny_pipeline(stages=[UniformSampler(batch=2), OnlinePrune(),
+                              Episodes(env="feedback", n=2), GRPO()])
+
+
+class Garbage:
+    """Answers "1+2=" with observations that are not messages, resets "4+4=" with a
+    string for messages, and plays "9-5=" properly (feedback until the turn limit)."""
+
+    def reset(self, task: dict[str, Any]) -> Any:
+        self.q = task["prompt"]
+        return "not a list of messages" if self.q == "4+4=" else [Message("user", self.q)]
+
+    def step(self, reply: str) -> Any:
+        if self.q == "1+2=":
+            return Step(["just a string"])  # type: ignore[list-item]
+        return Step([Message("user", "again")], reward=0.0)
+
+
+def test_an_environment_answer_that_cannot_be_appended_is_recorded() -> None:
+    table = Episodes(env=f"{__name__}:Garbage", n=1, max_turns=2, max_tokens=3).generate(
+        context(), plan(), byte_engine(), None)
+    rows = {r[col.PROMPT]: r for r in table.to_pylist()}
+    assert rows["1+2="][EPISODE_END] == "env_error" and rows["1+2="][TURN_COUNT] == 1
+    assert "step returned what cannot be appended" in rows["1+2="][col.SCORE_ERROR]
+    assert rows["4+4="][EPISODE_END] == "env_error" and rows["4+4="][TURN_COUNT] == 0
+    assert "reset returned" in rows["4+4="][col.SCORE_ERROR]
+    assert rows["9-5="][EPISODE_END] == "turn_limit" and rows["9-5="][col.SCORE_ERROR] is None

@@ -1,0 +1,331 @@
+"""AgentEnv: any agent written against the ``openai`` client, as a generate stage.
+
+The user writes ``def solve(client: openai.OpenAI, task: dict) -> float`` and names it
+``AgentEnv(agent="mymodule:solve", n=8)`` in the place of the generate stage. For each
+task row and each of its ``n`` samples, gfcr calls ``solve`` on a thread with a client
+whose base URL is gfcr's OpenAI-compatible endpoint over the step's policy
+(:mod:`stages.generate.openai_api`) and the task's fields (``prompt`` and ``question``:
+its text; ``answer``; ``meta``, parsed from JSON; ``task``; ``prompt_id``). What ``solve``
+returns is the rollout's reward, so the pipeline needs no Verify stage.
+
+Every call's prompt ids, generated ids and logprobs are recorded, and the episode's calls
+become trajectories (:mod:`stages.generate._episodes`): a call that extends the previous
+context is the next turn of the same row (the environment's or tool's tokens out of the
+loss, the policy's in it with their logprobs), one that does not starts a branch, a new
+row whose ``parent_id`` is the row it shares the longest prefix with. Every row of an
+episode carries the episode's reward, and all rows of a task's episodes share one group,
+so GRPO's group baseline counts a branched episode once per branch (a choice: weighting
+branches by 1/branches would be the alternative).
+
+A plan's ``n`` column sets a task's episodes and its ``max_tokens`` column the task's cap
+per call (Control stages that allocate them work unchanged).
+
+An agent that raises, returns something other than a finite number, or runs past
+``timeout`` is recorded in ``score_error`` (reward 0, or the rows dropped:
+``on_error``), and the step goes on; a step on which every episode failed stops the run,
+as Verify does for scorers. A hung agent's thread cannot be killed: its episode is
+closed (the endpoint refuses its calls) and the thread is left to end on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import (Any, Callable, ClassVar, Iterator, Literal, Protocol,
+                    runtime_checkable)
+
+import pyarrow as pa
+from pydantic import Field, field_validator
+
+from gfcr import refs
+from gfcr.chat import chat_format
+from gfcr.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
+from gfcr.stage import StageSpec, StepContext, register
+from stages.generate._agentrows import episode_rows, task_fields
+from stages.generate._episodes import Episode
+from stages.generate._openai_chat import OpenAIChat
+from stages.generate.group import GENERATED
+from stages.generate.openai_api import AgentServer
+from stages.generate.rows import stable_id, to_table
+from stages.generate._waves import Ask, Waves
+
+
+class AgentFailed(RuntimeError):
+    """Every episode of a step failed: the run stops (the steps committed stay)."""
+
+
+@register("generate")
+class AgentEnv(StageSpec):
+    """Episodes of a user's ``openai``-client agent, served by the policy (see the module
+    docstring); its return value is the reward.
+
+    >>> AgentEnv(agent="examples.agent_calculator:solve", n=4)  # doctest: +ELLIPSIS
+    AgentEnv(name=None, type='agent', agent='examples.agent_calculator:solve', n=4, ...)
+    """
+
+    type: Literal["agent"] = "agent"
+    agent: str
+    """``module:function``: ``function(client: openai.OpenAI, task: dict) -> float``."""
+    n: int = Field(8, ge=1)
+    """Episodes per task row (the group), unless the plan's ``n`` column says otherwise."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of every call (a request's own is ignored)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
+    max_tokens: int = Field(64, ge=1)
+    """Most tokens one call generates (a request may ask for fewer)."""
+    max_calls: int = Field(32, ge=1)
+    """Most chat calls an episode may make; the endpoint refuses the ones after."""
+    timeout: float = Field(120.0, gt=0.0)
+    """Seconds an episode may run; past it, it is recorded as timed out."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes running at once; the rest start as they end."""
+    window: float = Field(0.05, ge=0.0, le=10.0)
+    """Seconds a turn-wave waits for more calls once one arrived (it closes at once when
+    every running episode is waiting on the model)."""
+    on_error: Literal["zero", "drop"] = "zero"
+    """A failed episode's rows: reward 0 (kept), or dropped (kept = false)."""
+
+    writes: ClassVar[frozenset[str]] = GENERATED | {col.REWARD, col.SCORE_ERROR, EPISODE_END,
+                                                    TURN_COUNT}
+
+    @field_validator("agent")
+    @classmethod
+    def _a_reference(cls, value: str) -> str:
+        if not refs.REF.fullmatch(value):
+            raise ValueError(f"agent={value!r} must name a function as 'module:function'")
+        return value
+
+    def sampling_temperature(self) -> float:
+        return self.temperature
+
+    def plan_defaults(self) -> dict[str, int]:
+        return {PLAN_N: self.n, PLAN_MAX_TOKENS: self.max_tokens}
+
+    def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
+                 on_segment: SegmentHook | None) -> pa.Table:
+        fn = _agent(self.agent, f"stage {self.label!r}: agent")
+        tasks = plan.to_pylist()
+        chat = chat_format(_tokenizer(engine))
+        codec = OpenAIChat(chat)
+        runs: list[_Run] = []
+        for p_idx, prompt in enumerate(tasks):
+            cap = None if prompt.get(PLAN_MAX_TOKENS) is None else int(prompt[PLAN_MAX_TOKENS])
+            for sample in range(_n(prompt, self.n)):
+                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, max_tokens=cap)))
+        waves = Waves(self.window)
+        with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
+                         wait=self.timeout, max_calls=self.max_calls) as server, \
+                _clients(self.label, self.timeout) as client:
+            _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
+        return self._table(ctx, tasks, runs, engine)
+
+    def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_Run"],
+               engine: Engine) -> pa.Table:
+        rows: list[dict[str, Any]] = []
+        ends: list[str] = []
+        for run in runs:
+            group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", run.task)
+            more = episode_rows(ctx, tasks[run.task], group, run.sample, run.episode, engine,
+                                reward=run.reward, error=run.error, seconds=run.seconds)
+            rows += more
+            ends += [run.end()] * len(more)
+        failed = [r for r in runs if r.error is not None]
+        if runs and len(failed) == len(runs):
+            raise AgentFailed(f"stage {self.label!r}, step {ctx.step}: the agent "
+                              f"{self.agent!r} failed on all {len(runs)} episodes (first: "
+                              f"{failed[0].error}); the run stops. Fix the agent, then "
+                              f"resume (gfcr run --resume {ctx.run_id}).")
+        if self.on_error == "drop":
+            for row in rows:
+                if row[col.SCORE_ERROR] is not None:
+                    row.update({col.KEPT: False, col.DROPPED_BY: self.label,
+                                col.DROP_REASON: "agent_error"})
+        turns = [sum(t["source"] == "policy" for t in r[col.TURNS]) for r in rows]
+        return (to_table(rows).append_column(EPISODE_END, pa.array(ends, pa.string()))
+                .append_column(TURN_COUNT, pa.array(turns, pa.int32())))
+
+
+@dataclass
+class _Run:
+    """One episode: its task row, sample index, record and outcome."""
+
+    task: int
+    sample: int
+    episode: Episode
+    reward: float | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    started: float = 0.0
+    thread: threading.Thread | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+    closed: bool = False
+    """Timed out: what the agent's thread does later is not recorded."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def end(self) -> str:
+        """Why the episode ended (gfcr.environment.EPISODE_ENDS)."""
+        if self.error is None:
+            return "done"
+        return "env_timeout" if self.error.startswith("Timeout:") else "env_error"
+
+    def settle(self, reward: float | None, error: str | None, *, close: bool = False) -> None:
+        """Record the outcome, unless the episode was already closed by its timeout."""
+        with self.lock:
+            if not self.closed:
+                self.reward, self.error, self.closed = reward, error, close
+
+
+class _Driver:
+    """Runs a step's episodes: starts agent threads, serves their turn-waves from the
+    engine on this thread, and closes episodes that finish or time out."""
+
+    def __init__(self, spec: AgentEnv, ctx: StepContext, engine: Engine,
+                 server: AgentServer, waves: Waves) -> None:
+        self.spec, self.engine, self.server, self.waves = spec, engine, server, waves
+        self.seeds = ctx.rng(spec.label)
+        self.live: list[_Run] = []
+
+    def run(self, runs: list[_Run], fn: Callable[..., Any], client: Any,
+            tasks: list[dict[str, Any]]) -> None:
+        todo = list(runs)
+        while todo or self.live:
+            while todo and len(self.live) < self.spec.concurrency:
+                run = todo.pop(0)
+                self._start(run, fn, client, task_fields(tasks[run.task]))
+            wave = self.waves.gather(self._waiting, timeout=self._tick())
+            if wave:
+                self._serve(wave)
+            self._reap()
+
+    def _waiting(self) -> int:
+        return sum(1 for r in self.live if not r.finished.is_set())
+
+    def _tick(self) -> float:
+        now = time.monotonic()
+        return max(0.0, min((r.started + self.spec.timeout - now for r in self.live),
+                            default=0.0))
+
+    def _start(self, run: _Run, fn: Callable[..., Any], clients: Callable[[str], Any],
+               task: dict[str, Any]) -> None:
+        client = clients(self.server.open(run.episode))
+
+        def body() -> None:
+            try:
+                run.settle(*_reward(fn(client, task)))
+            except BaseException as err:  # noqa: BLE001 - the agent's error, recorded
+                run.settle(None, f"{type(err).__name__}: {err}")
+            finally:
+                run.finished.set()
+                self.waves.wake()
+
+        run.started = time.monotonic()
+        run.thread = threading.Thread(target=body, daemon=True,
+                                      name=f"gfcr-agent-{run.episode.index}")
+        self.live.append(run)
+        run.thread.start()
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for run in list(self.live):
+            if run.finished.is_set():
+                run.seconds = now - run.started
+            elif now - run.started >= self.spec.timeout:
+                run.settle(None, f"Timeout: the agent ran past {self.spec.timeout:g} s "
+                                 "(AgentEnv.timeout)", close=True)
+                run.seconds = now - run.started
+            else:
+                continue
+            self.server.end(run.episode, "the episode ended")
+            self.live.remove(run)
+
+    def _serve(self, wave: list[Ask]) -> None:
+        """Generate a wave: one engine call per distinct ``stop`` of its asks."""
+        ready = [(a, ids) for a in wave if (ids := self.server.prepare(a)) is not None]
+        for stop in sorted({a.stop for a, _ in ready}):
+            asks = [(a, ids) for a, ids in ready if a.stop == stop]
+            params = SamplingParams(temperature=self.spec.temperature, top_p=self.spec.top_p,
+                                    max_tokens=self.spec.max_tokens, stop=stop,
+                                    seed=int(self.seeds.integers(2**31 - 1)))
+            requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens)
+                        for i, (a, ids) in enumerate(asks)]
+            try:
+                outputs = self.engine.generate(requests, params)
+            except Exception as err:  # noqa: BLE001 - answered to the agents that asked
+                for a, _ in asks:
+                    a.fail(503, f"the engine failed: {type(err).__name__}: {err}")
+                continue
+            for (a, _), out in zip(asks, outputs):
+                self.server.finish(a, out)
+
+
+def _agent(ref: str, what: str) -> Callable[..., Any]:
+    """The agent function; a module not found on ``sys.path`` is looked for in the
+    working directory too, as ``python -m`` and uvicorn do (``gfcr run`` is a console
+    script, whose path starts at its own folder)."""
+    try:
+        found = refs.resolve(ref, what)
+    except ValueError:
+        if os.getcwd() in sys.path:
+            raise
+        sys.path.append(os.getcwd())
+        found = refs.resolve(ref, what)
+    if not callable(found):
+        raise ValueError(f"{what} {ref!r} is not a function")
+    return found
+
+
+def _reward(value: Any) -> tuple[float | None, str | None]:
+    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+        return float(value), None
+    return None, f"the agent returned {value!r}, not a finite number"
+
+
+def _n(prompt: dict[str, Any], default: int) -> int:
+    return default if prompt.get(PLAN_N) is None else int(prompt[PLAN_N])
+
+
+@contextlib.contextmanager
+def _clients(label: str, timeout: float) -> Iterator[Callable[[str], Any]]:
+    """Makes each episode's ``openai.OpenAI`` client. They share one HTTP connection
+    pool for the step (a client of its own costs ~0.1 s to build, its TLS set-up, which
+    was most of a one-call episode's cost); an agent closing its client leaves the pool
+    open for the others."""
+    try:
+        import openai
+    except ImportError:
+        raise ImportError(f"stage {label!r} (AgentEnv) hands the agent an openai.OpenAI "
+                          "client: install the openai package (pip install openai)") from None
+
+    class Shared(openai.DefaultHttpxClient):
+        def close(self) -> None:
+            """Kept open: the step closes it (``really_close``)."""
+
+        def really_close(self) -> None:
+            super().close()
+
+    http = Shared(timeout=timeout, trust_env=False)  # openai's connection limits (1,000)
+    try:
+        yield lambda url: openai.OpenAI(base_url=url, api_key="gfcr", max_retries=0,
+                                        timeout=timeout, http_client=http)
+    finally:
+        http.really_close()
+
+
+@runtime_checkable
+class _HasPolicy(Protocol):
+    @property
+    def policy(self) -> Policy: ...
+
+
+def _tokenizer(engine: Engine) -> Any:
+    if not isinstance(engine, _HasPolicy):
+        raise TypeError(f"AgentEnv renders chats with the policy's tokenizer; "
+                        f"{type(engine).__name__} exposes no policy")
+    return engine.policy.tokenizer
