@@ -56,6 +56,7 @@ def _local(pipeline: Pipeline, policy: Any, *, background: bool) -> LocalGenerat
     """The run's engine: on the learner's policy, or, generating in the background
     while the learner updates, on a policy of its own."""
     own = pipeline.policy.build(seed=pipeline.seed) if background else policy
+    own.adapter = policy.adapter  # the learner's LoRA, if any: the engine prepares for it
     engine = pipeline.engine.build(own, seed=pipeline.seed)
     spec = pipeline.engine
     capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()
