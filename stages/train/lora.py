@@ -25,20 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gfcr.engine import Policy
+from gfcr.spec import Spec
 from stages import lora as peft_lora
 
 
-class LoraSpec(BaseModel):
+class LoraSpec(Spec):
     """A LoRA adapter on the policy: ``W + (alpha / r) * B @ A`` on each target module.
 
     >>> LoraSpec(r=8, alpha=16)  # doctest: +ELLIPSIS
     LoraSpec(r=8, alpha=16.0, dropout=0.0, target_modules=(...))
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     r: int = Field(8, ge=1, le=512)
     """Rank of the update (vLLM serves ranks up to 512)."""
