@@ -79,7 +79,7 @@ class LocalLearner:
         if isinstance(self.learner, AdapterWeights):
             adapter = self.learner.adapter_handle(self.policy.version)
             if adapter is not None:
-                return adapter  # type: ignore[no-any-return]
+                return adapter
         return InProcessHandle(self.policy, self.policy.version)
 
     def publish(self) -> WeightHandle:
