@@ -34,6 +34,12 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
     trainers = TRAIN.of(pipeline.stages)
     learner = LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
                            if trainers else None)
+    if pools[0] is not None and policy.adapter is not None:
+        raise ValueError(
+            "train stage: lora is set and the run generates on a pool of engine workers, "
+            "which load whole published weights; a LoRA learner publishes its adapter "
+            "alone (gfcr.weights), which workers do not load yet. Generate in-process "
+            "(no generate pool) or drop lora.")
     local = _local(pipeline, policy, background=bool(pipeline.max_staleness
                                                      and pools[0] is None))
     if local.policy is not policy:

@@ -33,6 +33,7 @@ from stages.replay.uniform import UniformSampler
 from stages.replay.vade import VADE
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
+from stages.train.lora import LoraSpec
 from stages.train.sft import SFT
 
 __all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
@@ -41,4 +42,4 @@ __all__ = ["HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
-           "CrossRunReplay", "SmolLM2"]
+           "CrossRunReplay", "SmolLM2", "LoraSpec"]

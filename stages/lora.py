@@ -153,7 +153,8 @@ def fingerprint(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in _base_tensors(model):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(memoryview(flat.numpy()))  # the tensor's own bytes, no copy
     return digest.hexdigest()
 
 
