@@ -17,7 +17,9 @@ linear layer of a block (``LoraSpec``'s default targets).
   batch (8 rows of 32 prompt + 32 completion tokens, behaviour logprobs from the model
   itself so every ratio starts at 1), each in a fresh subprocess so neither sees the
   other's allocations, and the set-up's freed memory handed back to the OS first
-  (``malloc_trim``). ``lora_memory_ratio`` is LoRA over full.
+  (``malloc_trim``). ``lora_memory_ratio`` is LoRA over full;
+  ``lora_memory_ratio_checkpointed`` the same with ``gradient_checkpointing`` on both
+  (activations recomputed: what remains is mostly weights, gradients, optimizer state).
 - ``full_step_s`` / ``lora_step_s``: that update's wall time (one step, loaded machine).
 - sync, in this process, median of 3: ``*_copy_s`` hands a version to an HF engine
   holding its own copy of the policy (an asynchronous run's): the whole state dict loaded
@@ -91,7 +93,7 @@ def _lora() -> Any:
     return LoraSpec(r=R, alpha=ALPHA)
 
 
-def one_step(shape: dict[str, int], lora: bool) -> dict[str, float]:
+def one_step(shape: dict[str, int], lora: bool, checkpointing: bool) -> dict[str, float]:
     """One GRPO update's peak memory and seconds (run in a fresh process)."""
     import torch
 
@@ -100,7 +102,8 @@ def one_step(shape: dict[str, int], lora: bool) -> dict[str, float]:
     torch.set_num_threads(1)
     policy = _policy(shape, 0)
     batch = _batch(policy, shape["vocab_size"])
-    learner = GRPO(lr=1e-4, lora=_lora() if lora else None).learner(policy, seed=0)
+    learner = GRPO(lr=1e-4, lora=_lora() if lora else None,
+                   gradient_checkpointing=checkpointing).learner(policy, seed=0)
     learner.start_adapter()  # the first update would inject it: setup, not the step
     _trim()
     started = time.perf_counter()
@@ -121,9 +124,10 @@ def _trim() -> None:
         pass
 
 
-def _in_child(quick: bool, lora: bool) -> dict[str, float]:
+def _in_child(quick: bool, lora: bool, checkpointing: bool = False) -> dict[str, float]:
     args = [sys.executable, __file__, "--step", "lora" if lora else "full"]
-    out = subprocess.run(args + (["--quick"] if quick else []), capture_output=True,
+    args += (["--quick"] if quick else []) + (["--checkpointing"] if checkpointing else [])
+    out = subprocess.run(args, capture_output=True,
                          text=True, check=True, cwd=ROOT)
     found: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
@@ -177,6 +181,10 @@ def figures(quick: bool) -> dict[str, float]:
            "lora_memory_ratio": lora["peak_mb"] / full["peak_mb"],
            "full_step_s": full["step_s"], "lora_step_s": lora["step_s"],
            "peak_memory_scope": min(full["scope"], lora["scope"])}
+    full, lora = (_in_child(quick, lora=False, checkpointing=True),
+                  _in_child(quick, lora=True, checkpointing=True))
+    out.update(full_ckpt_peak_mb=full["peak_mb"], lora_ckpt_peak_mb=lora["peak_mb"],
+               lora_memory_ratio_checkpointed=lora["peak_mb"] / full["peak_mb"])
     moved = sync(shape)
     out.update(moved)
     out["adapter_sync_vs_full"] = moved["adapter_write_s"] / moved["full_write_s"]
@@ -187,6 +195,8 @@ def figures(quick: bool) -> dict[str, float]:
 def _table(found: dict[str, float]) -> str:
     rows = [("peak memory of one step (MiB)", "full_peak_mb", "lora_peak_mb",
              "lora_memory_ratio"),
+            ("same, gradient checkpointing (MiB)", "full_ckpt_peak_mb", "lora_ckpt_peak_mb",
+             "lora_memory_ratio_checkpointed"),
             ("step wall time (s)", "full_step_s", "lora_step_s", None),
             ("copy into an engine's own copy (s)", "full_copy_s", "adapter_copy_s",
              "adapter_copy_vs_full"),
@@ -205,9 +215,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small config")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--step", choices=["full", "lora"], help=argparse.SUPPRESS)
+    parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:  # a child: one step, its figures as the last line
-        print(json.dumps(one_step(QUICK if args.quick else SMOL, args.step == "lora")))
+        print(json.dumps(one_step(QUICK if args.quick else SMOL, args.step == "lora",
+                                  args.checkpointing)))
         return
     found = figures(args.quick)
     print(json.dumps(found, indent=2) if args.json else _table(found))

@@ -66,3 +66,11 @@ def test_a_stopped_lora_run_resumes_as_the_uninterrupted_run(
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert _rows(tmp_path) == _rows(root_a)
     assert second.accuracy_after == a.accuracy_after
+
+
+def test_a_lora_run_on_engine_workers_is_refused_before_it_generates(tmp_path: Path) -> None:
+    from gfcr.remote.pool import GeneratePool
+
+    with pytest.raises(ValueError, match="workers do not load yet"):
+        execute(_pipeline(1), root=tmp_path, executor="local",
+                generate_pool=GeneratePool(pool="nowhere"))
