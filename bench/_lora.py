@@ -202,7 +202,7 @@ def _table(found: dict[str, float]) -> str:
              "adapter_copy_vs_full"),
             ("write for FileSync (s)", "full_write_s", "adapter_write_s",
              "adapter_sync_vs_full"),
-            ("bytes moved (MiB)", "full_mb", "adapter_mb", None)]
+            ("bytes handed over (MiB)", "full_mb", "adapter_mb", None)]
     lines = [f"{'':38} {'full':>10} {'LoRA':>10} {'LoRA/full':>10}"]
     for label, a, b, ratio in rows:
         r = found[ratio] if ratio else found[b] / found[a]
