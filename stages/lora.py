@@ -154,7 +154,7 @@ def fingerprint(model: torch.nn.Module) -> str:
     for name, tensor in _base_tensors(model):
         digest.update(name.encode())
         flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        digest.update(memoryview(flat.numpy()))  # the tensor's own bytes, no copy
+        digest.update(flat.numpy().data)  # the tensor's own bytes, no copy
     return digest.hexdigest()
 
 
