@@ -1,7 +1,8 @@
 """Whole runs with a LoRA learner (GRPO(lora=...)): held-out accuracy rises over the warm
-start; a run stopped after a checkpoint and resumed (its base rebuilt from the cached
-warm start, the adapter and its optimizer from the checkpoint) ends as the
-uninterrupted run."""
+start, synchronously and with generation one step ahead on the engine's own copy; a run
+stopped after a checkpoint and resumed (its base rebuilt from the cached warm start, the
+adapter and its optimizer from the checkpoint) ends as the uninterrupted run; engine
+workers are refused (they do not load adapters yet)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from tests.conftest import tiny_pipeline
 from tests.resources.digits import DigitAnswers
 
 
-def _pipeline(steps: int) -> Any:
+def _pipeline(steps: int, **extra: Any) -> Any:
     """A supervised warm start of 4 steps answers some held-out prompts with four digits
     (the setting of the engine-worker learning test); LoRA GRPO steps raise it."""
     return tiny_pipeline(
-        task=DigitAnswers(), steps=steps,
+        task=DigitAnswers(), steps=steps, **extra,
         warmstart=SFT(steps=4, batch_size=12, schedule="constant"),
         stages=[UniformSampler(batch=8), GroupSample(n=8, max_tokens=4), Verify(),
                 GRPO(lr=1e-2, lora=LoraSpec(r=8, alpha=16.0))]
@@ -74,3 +75,14 @@ def test_a_lora_run_on_engine_workers_is_refused_before_it_generates(tmp_path: P
     with pytest.raises(ValueError, match="workers do not load yet"):
         execute(_pipeline(1), root=tmp_path, executor="local",
                 generate_pool=GeneratePool(pool="nowhere"))
+
+
+def test_an_async_lora_run_generates_ahead_on_its_own_copy_with_the_adapter(
+        tmp_path: Path) -> None:
+    """max_staleness=1: the engine holds its own policy and generates on a thread; each
+    load copies a frozen copy of the adapter into it (the base it got once, after the
+    warm start). The run trains on rows one version old, and learns."""
+    summary = execute(_pipeline(4, max_staleness=1), root=tmp_path, executor="local", run_id="l")
+    lags = [m["staleness/max"] for m in summary.history]
+    assert max(lags) == 1
+    assert summary.accuracy_after > summary.accuracy_warmstart, summary
