@@ -14,7 +14,8 @@ over the policy's frozen weights, through peft (:mod:`stages.lora`):
 - a checkpoint holds the adapter (``model.safetensors``, with a fingerprint of the base
   in its metadata) and the adapter's optimizer state; a resumed run rebuilds the base
   (the policy, and the warm start from its cache: gfcr.run) and refuses an adapter
-  whose base fingerprint differs;
+  whose base fingerprint differs (a sha256 over the base weights: one pass over them,
+  at the first update and at a resume);
 - a KL term's frozen reference is the base itself (the adapter switched off), no copy.
 """
 
