@@ -23,6 +23,7 @@ the capability, before anything runs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from gfcr.stage import OnSegment, StageSpec
@@ -147,3 +148,28 @@ class EngineSleep(Protocol):
     def sleep(self) -> None: ...
 
     def wake_up(self) -> None: ...
+
+
+@runtime_checkable
+class AdapterWeights(Protocol):
+    """Optional on a train stage's learner: it trains an adapter over the policy's frozen
+    weights (LoRA, stages.train.lora), so what it hands out and checkpoints is the adapter
+    alone once it has one (gfcr.inprocess.LocalLearner asks it first)."""
+
+    @property
+    def trains_adapter(self) -> bool:
+        """Whether it trains an adapter (False: every weight, the methods below decline)."""
+        ...
+
+    def adapter_handle(self, version: int) -> Any:
+        """The adapter as a gfcr.services.WeightHandle; None while there is none (the
+        policy's whole weights are then the handle)."""
+        ...
+
+    def save_adapter(self, path: Path) -> bool:
+        """Write the adapter to ``path``; False while there is none."""
+        ...
+
+    def load_adapter(self, path: Path) -> bool:
+        """Load the adapter in ``path``; False when ``path`` holds whole weights."""
+        ...

@@ -318,6 +318,11 @@ class Policy:
     io: TensorIO | None = None
     """How checkpoints write and read this policy's tensors (None: it cannot be
     checkpointed); set by the policy component that builds it."""
+    adapter: dict[str, Any] | None = None
+    """The adapter the learner trains over this policy's frozen weights (peft's LoRA
+    config: stages.train.lora), set when the learner is built; None: it trains every
+    weight. An engine that must prepare for adapters when it starts (vLLM's
+    ``enable_lora``) reads it."""
 
     def weights(self) -> Any:
         """The live tensors (the model's state dict): what an in-process handle holds."""

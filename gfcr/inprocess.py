@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from gfcr.capabilities import EngineRng, EngineSleep
+from gfcr.capabilities import AdapterWeights, EngineRng, EngineSleep
 from gfcr.engine import Decision, Engine, Flight, Inflight, Policy
 from gfcr.evaluation import evaluate
 from gfcr.filters import applied
@@ -69,7 +69,17 @@ class LocalLearner:
         result = self.learner.update(ctx, batch)
         return result, self.publish()
 
+    @property
+    def adapter_only(self) -> bool:
+        """Whether the weights it hands out and checkpoints are an adapter over a frozen
+        base (LoRA) that the run rebuilds on resume (the warm start again: gfcr.run)."""
+        return isinstance(self.learner, AdapterWeights) and self.learner.trains_adapter
+
     def handle(self) -> WeightHandle:
+        if isinstance(self.learner, AdapterWeights):
+            adapter = self.learner.adapter_handle(self.policy.version)
+            if adapter is not None:
+                return adapter
         return InProcessHandle(self.policy, self.policy.version)
 
     def publish(self) -> WeightHandle:
@@ -84,10 +94,12 @@ class LocalLearner:
             self.learner.load_state_dict(state)
 
     def save_weights(self, path: Path) -> None:
-        self.policy.save_weights(path)
+        if not (isinstance(self.learner, AdapterWeights) and self.learner.save_adapter(path)):
+            self.policy.save_weights(path)
 
     def load_weights(self, path: Path, version: int) -> None:
-        self.policy.load_weights(path)
+        if not (isinstance(self.learner, AdapterWeights) and self.learner.load_adapter(path)):
+            self.policy.load_weights(path)
         self.policy.version = version
 
     def encode(self, text: str) -> list[int]:

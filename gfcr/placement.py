@@ -34,6 +34,12 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
     trainers = TRAIN.of(pipeline.stages)
     learner = LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
                            if trainers else None)
+    if pools[0] is not None and policy.adapter is not None:
+        raise ValueError(
+            "train stage: lora is set and the run generates on a pool of engine workers, "
+            "which load whole published weights; a LoRA learner publishes its adapter "
+            "alone (gfcr.weights), which workers do not load yet. Generate in-process "
+            "(no generate pool) or drop lora.")
     local = _local(pipeline, policy, background=bool(pipeline.max_staleness
                                                      and pools[0] is None))
     if local.policy is not policy:
@@ -56,6 +62,7 @@ def _local(pipeline: Pipeline, policy: Any, *, background: bool) -> LocalGenerat
     """The run's engine: on the learner's policy, or, generating in the background
     while the learner updates, on a policy of its own."""
     own = pipeline.policy.build(seed=pipeline.seed) if background else policy
+    own.adapter = policy.adapter  # the learner's LoRA, if any: the engine prepares for it
     engine = pipeline.engine.build(own, seed=pipeline.seed)
     spec = pipeline.engine
     capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()

@@ -32,6 +32,7 @@ from gfcr.loop import Runtime, StepReport, run_step
 from gfcr.pipeline import Pipeline
 from gfcr.progress import PrefectMilestones
 from gfcr.report.publish import end_of_run_page
+from gfcr.services import AdapterLearner
 from gfcr.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 
 DEFAULT_ROOT = Path(".gfcr")
@@ -258,6 +259,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
         progress = _start(run)
     else:
         services = run.rt.services
+        _rebuild_base(run)
         progress = checkpoint.restore(ckpt, policy=run.policy, learner=services.learner,
                                       engine=services.generator)
         services.generator.load(services.learner.handle())
@@ -302,6 +304,23 @@ def _start(run: _Run) -> dict[str, Any]:
         run.rt.services.generator.load(run.rt.services.learner.publish())
     progress["accuracy_start"] = run.evaluate_at("step=0", 0)
     return progress
+
+
+def _rebuild_base(run: _Run) -> None:
+    """Before a resume: a learner whose checkpoints hold only an adapter (LoRA) trained it
+    over the base this run built, the policy after its warm start: run the warm start
+    again (from its cache) and give the generator that base; the checkpoint's adapter
+    then loads on it (refused if the base differs, stages.train.lora)."""
+    p, services = run.pipeline, run.rt.services
+    learner = services.learner
+    if p.warmstart is None or not (isinstance(learner, AdapterLearner) and
+                                   learner.adapter_only):
+        return
+    _emit(run.hooks, "on_phase", phase="warmstart")
+    run.call("warmstart", lambda: p.warmstart.run(
+        run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
+        progress=run.progress("warmstart")))
+    services.generator.load(learner.handle())
 
 
 def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> None:

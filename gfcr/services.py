@@ -167,6 +167,15 @@ class Learner(Protocol):
 
 
 @runtime_checkable
+class AdapterLearner(Protocol):
+    """Optional on a learner: its weights are an adapter over a frozen base (LoRA), so its
+    checkpoints hold the adapter alone and a resumed run rebuilds the base first."""
+
+    @property
+    def adapter_only(self) -> bool: ...
+
+
+@runtime_checkable
 class Scorer(Protocol):
     """Runs a filter stage over complete rollouts: its result with drops marked
     (gfcr.filters.applied). Scoring environments plug in here."""

@@ -5,7 +5,9 @@ policy version, for engine workers in other processes or on other hosts.
 
     ROOT/weights/RUN_ID/
         v000003/
-            model.safetensors   the policy's weights after version 3's update
+            model.safetensors   the policy's weights after version 3's update (a LoRA
+                                learner's: adapter_model.safetensors + adapter_config.json,
+                                the adapter alone in peft's format)
             manifest.json       run id, version, time, files: written last
         .tmp-v000004-...        a publication under way (never read)
 
@@ -32,7 +34,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from gfcr.engine import TensorIO
 
@@ -59,6 +61,12 @@ class Published:
     def weights(self) -> Path:
         return self.path / WEIGHTS
 
+    @property
+    def adapter(self) -> bool:
+        """Whether this version is an adapter folder (LoRA, peft's format), not whole
+        weights (:class:`FolderHandle`)."""
+        return (self.path / "adapter_config.json").is_file()
+
 
 def directory(root: Path, run_id: str) -> Path:
     """Where ``run_id``'s weights are published under the run root."""
@@ -84,12 +92,12 @@ class WeightStore:
         tmp = self.where / f".tmp-v{version:06d}-{os.getpid()}-{secrets.token_hex(3)}"
         tmp.mkdir()
         try:
-            handle.save(tmp / WEIGHTS)
+            files = _save(handle, tmp)
             ident = secrets.token_hex(8)
-            manifest = {"run_id": run_id, "version": version, "files": [WEIGHTS], "id": ident,
+            manifest = {"run_id": run_id, "version": version, "files": files, "id": ident,
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
-            for name in (WEIGHTS, MANIFEST):
+            for name in (*files, MANIFEST):
                 _fsync(tmp / name)
             final = self.path(version)
             if final.exists():
@@ -148,6 +156,25 @@ class WeightStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+@runtime_checkable
+class FolderHandle(Protocol):
+    """Optional on a weight handle: written as a folder of files of its own format (a
+    LoRA adapter in peft's: adapter_model.safetensors + adapter_config.json, which vLLM
+    loads as it is), instead of one ``model.safetensors``."""
+
+    def save_folder(self, folder: Path, dtype: str | None = None) -> list[str]:
+        """Write into ``folder``, cast to ``dtype``; the names of the files written."""
+        ...
+
+
+def _save(handle: Any, folder: Path) -> list[str]:
+    """Write ``handle`` into ``folder``; the files written."""
+    if isinstance(handle, FolderHandle):
+        return list(handle.save_folder(folder))
+    handle.save(folder / WEIGHTS)
+    return [WEIGHTS]
+
+
 def _ident(path: Path) -> str:
     """The publication id in ``path``'s manifest ("" for a manifest written before ids)."""
     try:
@@ -175,7 +202,8 @@ class FileSync:
 
     def send(self, handle: Any) -> None:
         if self.published != handle.version:
-            self.store.publish(_Cast(handle, self.dtype), handle.version, self.run_id)
+            cast = _CastFolder if isinstance(handle, FolderHandle) else _Cast
+            self.store.publish(cast(handle, self.dtype), handle.version, self.run_id)
             self.published = handle.version
 
 
@@ -188,3 +216,11 @@ class _Cast:
 
     def save(self, path: Path) -> None:
         self.handle.save(path, self.dtype)
+
+
+@dataclass(frozen=True)
+class _CastFolder(_Cast):
+    """A :class:`FolderHandle` written in ``dtype``."""
+
+    def save_folder(self, folder: Path, dtype: str | None = None) -> list[str]:
+        return list(self.handle.save_folder(folder, self.dtype))

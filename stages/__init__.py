@@ -40,14 +40,15 @@ from stages.replay.uniform import UniformSampler
 from stages.replay.vade import VADE
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
+from stages.train.lora import LoraSpec
 from stages.train.sft import SFT
 
-__all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget", "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
+__all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget",
+           "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
            "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
-           "PythonArithmetic"]
-__all__ += ["AgentEnv"]
+           "PythonArithmetic", "AgentEnv", "LoraSpec"]

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -12,8 +14,13 @@ import torch
 
 from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
                          encode_prompt, stop_token_ids)
+from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
+
+
+_LORA_IDS = itertools.count(1)
+"""vLLM LoRA ids, unique in the process (pooled LLMs outlive an engine)."""
 
 
 class VLLMEngine:
@@ -25,6 +32,7 @@ class VLLMEngine:
         self._policy, self._llm, self._folder = policy, llm, folder
         self._in_process, self._sleep_mode = in_process, sleep_mode
         self._can_sleep = can_sleep
+        self._lora: Any = None  # the adapter generation runs with (vllm LoRARequest)
         # whether vLLM was started with sleep mode (never on its CPU build)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -72,9 +80,13 @@ class VLLMEngine:
     def update_weights(self, state: Any | None = None) -> int:
         """Load ``state`` into the policy if given, copy the policy's weights into vLLM in
         place, drop vLLM's prefix cache (KV of the old weights) and advance the version."""
-        if state is not None:
+        if isinstance(state, lora.AdapterState):
+            lora.apply(self._policy.model, state)
+        elif state is not None:
             self._policy.model.load_state_dict(state)
-        if self._in_process:
+        if self._policy.adapter is not None and lora.has_adapter(self._policy.model):
+            self._load_adapter()
+        elif self._in_process:
             self._llm.collective_rpc("reload_weights",
                                      kwargs={"weights_iterator": self._tensors()})
         else:
@@ -84,6 +96,27 @@ class VLLMEngine:
         self._llm.reset_prefix_cache()
         self._policy.version += 1
         return self._policy.version
+
+    def _load_adapter(self) -> None:
+        """The policy's adapter as this engine's LoRA: a folder in peft's format and a
+        ``LoRARequest`` with an id never used before in this process; the previous
+        adapter is dropped from vLLM and from disk."""
+        from vllm.lora.request import LoRARequest
+
+        assert self._policy.adapter is not None
+        ident = next(_LORA_IDS)
+        folder = self._folder / f"lora-{ident}"
+        lora.write_folder(lora.state_of(self._policy.model, self._policy.adapter), folder)
+        old, self._lora = self._lora, LoRARequest(folder.name, ident, str(folder))
+        if old is not None:
+            if old.lora_int_id in self._llm.llm_engine.list_loras():
+                self._llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    @property
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` generation runs with (None: the plain model)."""
+        return self._lora
 
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self._policy.model.state_dict().items():
@@ -163,7 +196,8 @@ class VLLMEngine:
                 logprobs=params.top_logprobs,
                 max_tokens=room if step is None else min(step, room), detokenize=False,
                 stop_token_ids=sorted(ends), ignore_eos=False, skip_special_tokens=False))
-        outs = self._llm.generate(prompts, sampling, use_tqdm=False)
+        outs = self._llm.generate(prompts, sampling, use_tqdm=False,
+                                  lora_request=self._lora)
         now = time.perf_counter() - t0
         for s, out in zip(live, outs):
             comp = out.outputs[0]

@@ -45,6 +45,7 @@ from transformers import DynamicCache
 from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
                          encode_prompt, stop_token_ids)
 from gfcr.stage import Spec, register
+from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
 from stages.logprobs import completion_logprobs, log_probs
@@ -213,8 +214,12 @@ class HFEngine:
         self._gen.set_state(state.cpu())  # a ByteTensor on the CPU for any device
 
     def update_weights(self, state: Any | None = None) -> int:
-        """Load ``state`` (a state dict) if given, then advance the version."""
-        if state is not None:
+        """Load ``state`` if given, then advance the version: a state dict in place, or
+        a LoRA adapter's tensors (:class:`stages.lora.AdapterState`) into the model's
+        adapter layers (injected the first time), the base left as it is."""
+        if isinstance(state, lora.AdapterState):
+            lora.apply(self._policy.model, state)
+        elif state is not None:
             self._policy.model.load_state_dict(state)
         self._policy.version += 1
         return self._policy.version

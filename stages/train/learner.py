@@ -14,8 +14,10 @@ so the accumulated gradient is the full-batch gradient.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ from stages.train.work import Work
 from stages.train.batching import pack, padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.memory import PeakMemory, checkpoint_layers
+from stages.train.lora import LoraTraining
 from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
                                truncated_is_weights)
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
@@ -72,12 +75,14 @@ class GRPOLearner:
     never touches the engine: the learner service (gfcr.inprocess.LocalLearner) hands
     the new weights out as a handle, which the generator loads."""
 
-    def __init__(self, spec: LearnerOptions, policy: Policy, *, seed: int) -> None:
+    def __init__(self, spec: LearnerOptions, policy: Policy, *, seed: int,
+                 lora: LoraTraining | None = None) -> None:
         self.spec, self.policy, self.seed = spec, policy, seed
         self.updates = 0
         self.reference: torch.nn.Module | None = None
-        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=spec.lr,
-                                           betas=(0.9, 0.999), weight_decay=0.0)
+        self.lora = lora
+        """The LoRA adapter that trains instead of every weight (None: full training)."""
+        self.optimizer = self._new_optimizer()
         self.device = next(policy.model.parameters()).device
         problem = bf16_problem(self.device) if spec.precision == "bf16" else None
         if problem:
@@ -96,6 +101,7 @@ class GRPOLearner:
         return result
 
     def _update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
+        self.start_adapter()
         rewards = work_rows.rewards(batch, self.spec.label)
         adv = self._advantages(batch, rewards)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
@@ -121,6 +127,7 @@ class GRPOLearner:
         """The loss of ``batch`` at the current weights with its gradient left in the
         parameters' ``.grad`` (accumulated over micro-batches); no optimizer step. For
         diagnostics and tests."""
+        self.start_adapter()
         adv = self._advantages(batch, work_rows.rewards(batch, self.spec.label))
         work = self.prepare(ctx, batch, adv)
         self.optimizer.zero_grad(set_to_none=True)
@@ -170,6 +177,19 @@ class GRPOLearner:
         return work
 
     # ------------------------------------------------------------------ pieces
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the weights that train: the adapter's once it is in, else all."""
+        params = (self.lora.parameters() if self.lora is not None and self.lora.active
+                  else list(self.policy.model.parameters()))
+        return torch.optim.AdamW(params, lr=self.spec.lr, betas=(0.9, 0.999),
+                                 weight_decay=0.0)
+
+    def start_adapter(self) -> None:
+        """Inject the LoRA adapter at the first update (after any warm start), with an
+        optimizer over it alone."""
+        if self.lora is not None and self.lora.start():
+            self.optimizer = self._new_optimizer()
 
     def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
         """The estimator's advantages over the batch's groups, replaced by the advantage
@@ -302,13 +322,16 @@ class GRPOLearner:
         return out
 
     def _reference_logprobs(self, work: Work) -> list[np.ndarray]:
-        """Logprobs of every row under the frozen reference (made at the first update)."""
-        if self.reference is None:
+        """Logprobs of every row under the frozen reference (made at the first update;
+        with LoRA the base itself, the adapter switched off)."""
+        lora = self.lora if self.lora is not None and self.lora.active else None
+        if self.reference is None and lora is None:
             self.reference = _frozen_copy(self.policy.model)
         out: list[np.ndarray] = [np.zeros(0)] * len(work.prompts)
         for part in self._micro_batches(work):
-            lp, _, _ = self._forward(work, part, grad=False, entropy=False,
-                                     model=self.reference)
+            with lora.reference() if lora is not None else contextlib.nullcontext():
+                lp, _, _ = self._forward(work, part, grad=False, entropy=False,
+                                         model=None if lora else self.reference)
             for j, i in enumerate(part):
                 out[i] = lp[j, :len(work.completions[i])].float().cpu().numpy()
         return out
@@ -319,19 +342,45 @@ class GRPOLearner:
         """Everything the next update depends on: model weights, optimizer state, the
         update count and the frozen reference (None until made). The learning rate is a
         pure function of the step (:func:`stages.train.optim.lr_factor`), so there is no
-        scheduler state; the learner draws no random numbers."""
-        return {"model": self.policy.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates,
-                "reference": None if self.reference is None else self.reference.state_dict()}
+        scheduler state; the learner draws no random numbers. With LoRA the weights
+        are the adapter's, checkpointed as the weights file (:meth:`save_adapter`), so
+        there is no ``model`` entry."""
+        state = {"optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                 "reference": None if self.reference is None else self.reference.state_dict()}
+        if self.lora is None or not self.lora.active:
+            state["model"] = self.policy.model.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.model.load_state_dict(state["model"])
+        if "model" in state:
+            self.policy.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self.reference = None
         if state.get("reference") is not None:
             self.reference = _frozen_copy(self.policy.model)
             self.reference.load_state_dict(state["reference"])
+
+
+    # ------------------------------------------------------------------ LoRA weights
+
+    @property
+    def trains_adapter(self) -> bool:
+        return self.lora is not None
+
+    def adapter_handle(self, version: int) -> Any:
+        """The trained adapter as a weight handle (gfcr.capabilities.AdapterWeights);
+        None without one (full training, or LoRA before its first update)."""
+        return None if self.lora is None else self.lora.handle(version)
+
+    def save_adapter(self, path: Path) -> bool:
+        return self.lora is not None and self.lora.save(path)
+
+    def load_adapter(self, path: Path) -> bool:
+        if self.lora is None or not self.lora.load(path):
+            return False
+        self.optimizer = self._new_optimizer()  # over the adapter just injected
+        return True
 
 
 # --------------------------------------------------------------------------- helpers
