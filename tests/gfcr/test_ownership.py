@@ -163,12 +163,17 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     second = None
     try:
+        def alive():  # a run that died says why, rather than a wait that gives up
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            return True
+
         def committed():
             rows, steps = _state(root)
-            return (rows[0]["run_id"], steps) if rows and steps >= 1 else None
-        run_id, steps = _wait_for(committed, "the first step's commit")
+            return (rows[0]["run_id"], steps) if alive() and rows and steps >= 1 else None
+        # bounds for a loaded machine (these waits end as soon as the state is reached)
+        run_id, steps = _wait_for(committed, "the first step's commit", limit=900)
         # freeze it just after a commit landed, so it is not frozen inside the next one
-        _wait_for(lambda: _state(root)[1] > steps, "the next step's commit")
+        _wait_for(lambda: alive() and _state(root)[1] > steps, "the next step's commit", limit=900)
         _signal_family(first.pid, signal.SIGSTOP)
         time.sleep(3)  # past its 2 s lease: the next owner may take it over
         second = subprocess.Popen([*run, "--resume", run_id], env=env, text=True,
