@@ -82,6 +82,7 @@ def rollouts(run_id: str, step: int, n: int, *, prompt_tokens: int, completion_t
         col.N_TOKENS: pa.array(np.full(n, completion_tokens, np.int32)),
         col.GEN_SECONDS: pa.array(rng.random(n)),
         col.CREATED_AT: pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
+        col.TURNS: pa.nulls(n, ROLLOUT_SCHEMA.field(col.TURNS).type),
     }
     return pa.table(data).cast(ROLLOUT_SCHEMA)
 

@@ -57,6 +57,9 @@ class History:
 
     ``as_of_step`` needs ``run_id`` and pins the snapshot that committed that step;
     ``as_of_snapshot`` pins a DuckLake snapshot id directly. Neither: the live store.
+    ``rows``, ``prompt_stats`` and ``step_metrics`` are the reads stages have
+    (gfcr.storage.History); ``group_stats`` and ``lineage`` read the shipped views of the
+    same name for tools and tests.
     """
 
     def __init__(self, store: RolloutStore, run_id: str | None = None, *,

@@ -5,9 +5,9 @@ with Collective RL Experience Sharing", Gensyn 2025): each node trains on its ow
 rollouts plus rollouts other nodes shared, so a success found by one policy propagates.
 Here the "network" is any rollout store: the step's context opens the store folder
 ``source`` read-only (``StepContext.other_store``, once per process) and each step picks
-``groups`` groups among those with a complete, scored row that meets the typed row filter
-``match`` (gfcr.row_filter.RowFilter; the store evaluates it), and appends all their complete, scored rows (whole groups: GRPO's baseline
-needs them) as replayed rows. Rows of the current run are
+``groups`` groups among those with a complete, scored row that meets the typed row
+filter ``match`` (gfcr.row_filter.RowFilter; the store evaluates it), and appends all
+their complete, scored rows (whole groups: GRPO's baseline needs them) as replayed rows. Rows of the current run are
 never taken (that is :class:`~stages.replay.rollout_replay.RolloutReplay`). Lineage is
 kept: ``parent_id`` is the source rollout, and the declared extra column
 ``replay_source`` names the source store and run (``"<store uri>#<run id>"``).
@@ -60,7 +60,8 @@ class CrossRunReplay(StageSpec):
     match: RowFilter = RowFilter(kept=True)
     """Which rows make a group a candidate (a typed filter, gfcr.row_filter.RowFilter):
     a group with a complete, scored row that meets it, e.g. ``{kept: true,
-    reward_above: 0}`` (groups the source kept, with a success)."""
+    reward_above: 0}`` (groups the source kept, with a success). Its ``status`` and
+    ``scored`` are the stage's own (complete, scored); the reading run is always excluded."""
     groups: int = Field(4, ge=1)
     """Groups added to each step's batch."""
     as_of_snapshot: int | None = Field(None, ge=0)

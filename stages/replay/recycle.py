@@ -29,6 +29,7 @@ from pydantic import Field
 from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
 from gfcr.capabilities import ContinuesPartials
 from gfcr.stage import StageSpec, StepContext, register
+from gfcr import storage
 from gfcr.row_filter import ASCENDING, RowFilter
 from gfcr.storage import History
 from gfcr.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
@@ -152,19 +153,20 @@ def recycle_counts(store: Any, run_id: str) -> dict[str, int]:
     ``carried`` (a finished sibling carried over), ``restarted`` (past the staleness bound:
     the child's first policy version differs from its parent's), ``pending`` (not used
     yet), and ``discarded`` (pruned rows: generated, then dropped on purpose)."""
-    query = """
-        WITH r AS (SELECT * FROM rollouts WHERE run_id = $run),
-        links AS (
-            SELECT p.finish_reason AS parent_reason,
-                   c.policy_version_start IS DISTINCT FROM p.policy_version_start AS restarted
-            FROM r AS c JOIN r AS p ON c.parent_id = p.rollout_id
-            WHERE p.status = 'partial')
-        SELECT
-            (SELECT count_if(NOT restarted AND parent_reason = 'aborted') FROM links) AS continued,
-            (SELECT count_if(NOT restarted AND parent_reason <> 'aborted') FROM links) AS carried,
-            (SELECT count_if(restarted) FROM links) AS restarted,
-            (SELECT count(*) FROM r AS p WHERE p.status = 'partial' AND NOT EXISTS
-                (SELECT 1 FROM r AS c WHERE c.parent_id = p.rollout_id)) AS pending,
-            (SELECT count(*) FROM r WHERE status = 'pruned') AS discarded"""
-    row = store.sql(query, {"run": run_id}).to_pylist()[0]
-    return {k: int(v or 0) for k, v in row.items()}
+    names = [col.ROLLOUT_ID, col.PARENT_ID, col.STATUS, col.FINISH_REASON, col.POLICY_VERSION_START]
+    rows = storage.backend().history(store, run_id).rows(RowFilter(run_ids=(run_id,)), columns=names)
+    status = rows.column(col.STATUS)
+    partial = {r[col.ROLLOUT_ID]: r for r in rows.filter(pc.equal(status, "partial")).to_pylist()}
+    children = rows.filter(pc.is_in(rows.column(col.PARENT_ID), value_set=pa.array(list(partial), pa.string())))
+    counts = dict.fromkeys(("continued", "carried", "restarted", "pending", "discarded"), 0)
+    for child in children.to_pylist():
+        parent = partial[child[col.PARENT_ID]]
+        if child[col.POLICY_VERSION_START] != parent[col.POLICY_VERSION_START]:
+            counts["restarted"] += 1
+        elif parent[col.FINISH_REASON] == "aborted":
+            counts["continued"] += 1
+        elif parent[col.FINISH_REASON] is not None:
+            counts["carried"] += 1
+    counts["pending"] = len(set(partial) - set(children.column(col.PARENT_ID).to_pylist()))
+    counts["discarded"] = int(pc.sum(pc.equal(status, "pruned")).as_py() or 0)
+    return counts

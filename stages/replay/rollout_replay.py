@@ -96,14 +96,13 @@ def recent_trained(history: History, *, now: int, window: int) -> pa.Table:
     whose kept original rewards there are not all equal (a flat group has no GRPO
     signal), with ``_times``: how often each was replayed already; newest step first,
     then by group and sample."""
-    kept = history.rows(RowFilter(kept=True, replayed=False, step_min=max(int(now) - int(window), 0)))
-    spread = kept.group_by(col.GROUP_ID, use_threads=False).aggregate(
-        [(col.REWARD, "min"), (col.REWARD, "max")])
+    recent = RowFilter(kept=True, replayed=False, step_min=max(int(now) - int(window), 0))
+    spread = history.rows(recent, columns=[col.GROUP_ID, col.REWARD]).group_by(
+        col.GROUP_ID, use_threads=False).aggregate([(col.REWARD, "min"), (col.REWARD, "max")])
     signal = spread.filter(pc.greater(spread.column(f"{col.REWARD}_max"),
                                       spread.column(f"{col.REWARD}_min"))).column(col.GROUP_ID)
-    rows = kept.filter(pc.and_(pc.and_(pc.equal(kept.column(col.STATUS), "complete"),
-                                       pc.is_valid(kept.column(col.CONSUMED_AT_STEP))),
-                               pc.is_in(kept.column(col.GROUP_ID), value_set=signal.combine_chunks())))
+    trained = history.rows(recent.where(status=("complete",), consumed=True))
+    rows = trained.filter(pc.is_in(trained.column(col.GROUP_ID), value_set=signal.combine_chunks()))
     rows = rows.sort_by([(col.STEP, "descending"), (col.GROUP_ID, "ascending"),
                          (col.SAMPLE_IDX, "ascending")])
     ids = rows.column(col.ROLLOUT_ID)

@@ -36,6 +36,7 @@ import yaml
 from gfcr import storage
 from gfcr.filters import applied, set_column
 from gfcr.rollout import col
+from gfcr.row_filter import ASCENDING, RowFilter
 from gfcr.stage import FILTER, StageSpec, StepContext, lookup
 from gfcr.storage import History
 from stages.replay import _reads
@@ -80,9 +81,9 @@ def what_if(store: Any, run_id: str, stages: Sequence[StageSpec], *, base: Base 
     if base not in ("kept", "all"):
         raise ValueError(f"what-if: base must be 'kept' or 'all', got {base!r}")
     task, seed = run_task(store, run_id)
-    stored = _reads.as_rollouts(store.sql(
-        "SELECT * FROM rollouts WHERE run_id = $run AND status = 'complete' AND replay_count = 0 "
-        "ORDER BY step, group_id, sample_idx", {"run": run_id}))
+    order = ((col.STEP, ASCENDING), (col.GROUP_ID, ASCENDING), (col.SAMPLE_IDX, ASCENDING))
+    stored = _reads.as_rollouts(storage.backend().history(store, run_id).rows(
+        RowFilter(status=("complete",), replayed=False), order_by=order))
     before, after = [], []
     for step in sorted(set(stored.column(col.STEP).to_pylist())):
         rows = stored.filter(pc.equal(stored.column(col.STEP), step))
@@ -113,10 +114,10 @@ def replay_filters(ctx: StepContext, rows: pa.Table, stages: Sequence[StageSpec]
 
 def run_task(store: Any, run_id: str) -> tuple[Any, int]:
     """The task component and seed of ``run_id``, from the spec the store recorded."""
-    found = store.sql("SELECT spec_yaml FROM runs WHERE run_id = $run", {"run": run_id})
-    if found.num_rows == 0:
+    found = storage.backend().reads(store).run(run_id)
+    if found is None:
         raise ValueError(f"what-if: no run {run_id!r} in store {store.uri!r}")
-    spec = yaml.safe_load(found.column("spec_yaml")[0].as_py())
+    spec = yaml.safe_load(found["spec_yaml"])
     task = spec.get("task") or {}
     return lookup("task", task["type"]).model_validate(task), int(spec.get("seed", 0))
 
