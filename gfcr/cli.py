@@ -200,6 +200,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
 app.command("engine-worker")(cli_workers.engine_worker)
+app.add_typer(cli_workers.engine_app, name="engine")
 app.add_typer(cli_model.app, name="model")
 
 
