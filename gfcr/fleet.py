@@ -22,6 +22,7 @@ fits an NCCL broadcast to the servers (gfcr.fleet_nccl, untested here).
 from __future__ import annotations
 
 import contextlib
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -106,8 +107,10 @@ class FleetGenerator:
         self._futures: list[Future] = []
         self._loaded: int | None = None
         self.reloads: list[tuple[int, float]] = []
-        """(version, seconds) of every fleet reload: publication excluded."""
+        """(version, seconds) of the fleet's reloads since the last step's metrics
+        (publication excluded)."""
         self._sent = 0
+        self.publish_s = 0.0  # writing versions since the last step's metrics
 
     @property
     def version(self) -> int:
@@ -126,7 +129,9 @@ class FleetGenerator:
 
     def load(self, handle: WeightHandle) -> None:
         """Publish ``handle`` now; the servers load it before the next call."""
+        started = time.perf_counter()
         self.sync.send(handle)  # written once per version, in the engine's dtype
+        self.publish_s += time.perf_counter() - started
         published = self.sync.store.get(handle.version)
         self._loaded = handle.version
         self._run(lambda: self._reload(published.path, handle.version, published.ident))
@@ -148,10 +153,16 @@ class FleetGenerator:
         return awake()  # the servers hold their own accelerators
 
     def step_metrics(self, ctx: StepContext, rollouts: pa.Table) -> dict[str, float]:
-        """Requests sent since the last step's metrics and the servers still live."""
+        """Since the last step's metrics: requests sent, seconds writing versions and
+        the servers' reloads; and the servers still live."""
         sent, self._sent = self.engine.requests - self._sent, self.engine.requests
         live = len(self.engine.servers) - len(self.engine.down)
-        return {"fleet/requests": float(sent), "fleet/servers_live": float(live)}
+        reload_s = sum(seconds for _, seconds in self.reloads)
+        self.reloads = []
+        metrics = {"fleet/requests": float(sent), "fleet/servers_live": float(live),
+                   "fleet/publish_s": self.publish_s, "fleet/reload_s": reload_s}
+        self.publish_s = 0.0
+        return metrics
 
     def drain(self) -> None:
         """Wait until nothing submitted is still running."""
