@@ -63,6 +63,7 @@ def run(
     generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
+    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -83,7 +84,8 @@ def run(
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout, score_pool=score_pool)
+                         generate_timeout=generate_timeout, score_pool=score_pool,
+                         fleet=tuple(fleet))
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:

@@ -10,7 +10,9 @@ POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker
 POOL_TIMEOUT = ("With --generate-pool or --score-pool: fail a step's call no worker "
                 "finished in this many s.")
 SCORE = "Run the scoring filter stages (Verify, ...) on the engine workers of POOL."
-"""``gfcr run``'s help for its engine-worker options."""
+FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
+         "for a fleet); --generate-timeout is each request's deadline.")
+"""``gfcr run``'s help for its engine-worker and fleet options."""
 
 
 def engine_worker(
