@@ -1,7 +1,11 @@
-"""A discrete-event model of one trainer and W GPU engine workers (bench/scale.py).
+"""A discrete-event model of one trainer and W GPU engine servers (bench/scale.py).
 
-Each step's batch is split into W tasks, one per worker (a task is a worker's share of
-the step, never one rollout). The run's thread submits the tasks one after another
+Each step's batch is split into W shares, one per server (gfcr.fleet splits a step's
+requests across its servers by group; the Prefect engine-worker path this model first
+described sent a step's whole batch to one worker, so its 64-worker figures modelled a
+dispatcher that did not exist). A fleet sends every request at once: its ``delay_s`` is
+0, its ``dispatch_s`` one request's round trip, and the run process's CPU for all of a
+step's requests (``requests_s`` each) overlaps generation but bounds it from below. The run's thread submits the tasks one after another
 (``delay_s`` each, measured: ``.delay()``), and a task reaches its worker after the rest
 of the measured round trip (``dispatch_s - delay_s``). A worker first loads the weights
 version its task names if it holds an older one (all workers load together, sharing the
@@ -14,6 +18,9 @@ Compute times are those of a real model: a 7B policy in bf16 (14 GB of weights),
 generation per worker at 64 workers (2560 worker-seconds a step) and 20 s of training,
 so a step takes one minute at 64 workers when the control plane costs nothing. Storage
 bandwidths are assumptions (stated in :class:`Costs`), not measurements of this machine.
+Weights by NCCL broadcast are modelled as ``write_gb_s`` = the broadcast's bandwidth (the
+trainer's send is the version's cost; a pipelined broadcast reaches every server in
+about the time of one link) and unbounded reads (the servers receive as it is sent).
 """
 
 from __future__ import annotations

@@ -222,7 +222,8 @@ class FleetEngine:
             server = self._server_for(owner, key, tried)
             tried.add(server.url)
             name = f"{rid}-{attempt}"
-            self.requests += 1
+            with self._lock:
+                self.requests += 1
             try:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
