@@ -5,7 +5,9 @@ requests across its servers by group; the Prefect engine-worker path this model 
 described sent a step's whole batch to one worker, so its 64-worker figures modelled a
 dispatcher that did not exist). A fleet sends every request at once: its ``delay_s`` is
 0, its ``dispatch_s`` one request's round trip, and the run process's CPU for all of a
-step's requests (``requests_s`` each) overlaps generation but bounds it from below. The run's thread submits the tasks one after another
+step's requests (``requests_s`` each) overlaps generation but bounds it from below.
+
+Engine workers submitted their tasks one after another on the run's thread
 (``delay_s`` each, measured: ``.delay()``), and a task reaches its worker after the rest
 of the measured round trip (``dispatch_s - delay_s``). A worker first loads the weights
 version its task names if it holds an older one (all workers load together, sharing the
