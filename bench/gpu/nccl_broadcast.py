@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--bucket-mib", type=int, default=1024)
     parser.add_argument("--nccl-timeout", type=float, default=60.0,
                         help="NCCL's own timeout for a collective, s")
-    parser.add_argument("--deadline", type=float, default=150.0,
+    parser.add_argument("--deadline", type=float, default=90.0,
                         help="give up on the two-rank broadcast after this many s")
     parser.add_argument("--models", nargs="*", default=None,
                         help=f"a subset of {sorted(GPU_MODELS)} (--cpu: {sorted(CPU_MODELS)})")
