@@ -4,8 +4,9 @@ Measured in one run on this machine (two real vLLM CPU servers started with
 ``gfcr engine serve``, the tiny policy, 8 prompts x 8 samples of up to 48 tokens a step):
 
 - rollouts per second over steps 1.. with the fleet's two servers, with one of them,
-  and with the in-process vLLM engine (the servers are stopped first: at most two vLLMs
-  at a time on this shared machine);
+  and with the in-process vLLM engine, run before the servers start and after they
+  stop (at most two vLLMs at a time on this shared machine), the mean of the two the
+  baseline, since this machine's load drifts within a run;
 - the per-request dispatch cost: the round trip of a one-token request (HTTP, vLLM's
   scheduling, one forward pass of the tiny model: an upper bound), and the run
   process's CPU per request when 64 go out at once (``time.process_time``: the servers
@@ -126,6 +127,7 @@ def measure(steps: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        before = _run(work / "local-before", steps, None)  # the load drifts: bracket it
         save_policy(VLLM_POLICY.build(seed=0), work / "model")
         started = time.perf_counter()
         servers = [fleet.start(work / "model", work / f"server-{i}.log") for i in range(2)]
@@ -139,7 +141,11 @@ def measure(steps: int) -> dict[str, Any]:
         finally:
             for server in servers:
                 server.kill()
-        results["in_process"] = _run(work / "local", steps, None)
+        after = _run(work / "local", steps, None)
+        results["in_process"] = {"rollouts_per_s": (before["rollouts_per_s"]
+                                                    + after["rollouts_per_s"]) / 2,
+                                 "before": before["rollouts_per_s"],
+                                 "after": after["rollouts_per_s"], "steps": steps}
         results["commit_s"] = _commit_s(work / "local")
     return results
 
@@ -201,6 +207,8 @@ def main() -> None:
 
 def _print(out: dict[str, Any]) -> None:
     m = out["measured"]
+    print(f"in-process before the fleet {m['in_process']['before']:.1f}, after "
+          f"{m['in_process']['after']:.1f} rollouts/s (their mean is the baseline)\n")
     print("| setup | rollouts/s | vs in-process |\n|---|---|---|")
     for name in ("in_process", "fleet1", "fleet2"):
         rps = m[name]["rollouts_per_s"]
