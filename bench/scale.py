@@ -29,6 +29,7 @@ one round trip per step plus the run process's CPU for all of them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
@@ -128,6 +129,7 @@ def measure(steps: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         before = _run(work / "local-before", steps, None)  # the load drifts: bracket it
+        gc.collect()  # its vLLM goes before the servers start
         save_policy(VLLM_POLICY.build(seed=0), work / "model")
         started = time.perf_counter()
         servers = [fleet.start(work / "model", work / f"server-{i}.log") for i in range(2)]
