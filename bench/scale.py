@@ -23,7 +23,7 @@ bench/gpu/nccl_broadcast.py's llama-7b row when its backend was "nccl"; else the
 receivers) plus the measured reload round. Requests go out concurrently, so dispatch is
 one round trip per step plus the run process's CPU for all of them.
 
-    python -m bench.scale [--steps 5] [--json] [--nccl-json PATH]
+    python -m bench.scale [--steps 5] [--json] [--nccl-json PATH] [--measured PATH]
 """
 
 from __future__ import annotations
@@ -183,8 +183,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--nccl-json", default=None,
                         help="bench/gpu/nccl_broadcast.py's output (default: assumed)")
+    parser.add_argument("--measured", default=None,
+                        help="a previous --json output: model its measurements again "
+                             "(e.g. with --nccl-json) instead of measuring")
     args = parser.parse_args()
-    measured = measure(args.steps)
+    measured = (json.loads(Path(args.measured).read_text().splitlines()[-1])["measured"]
+                if args.measured else measure(args.steps))
     gb_s, source = _broadcast_gb_s(args.nccl_json)
     modelled = model(measured, gb_s)
     base = measured["in_process"]["rollouts_per_s"]
@@ -209,8 +213,9 @@ def main() -> None:
 
 def _print(out: dict[str, Any]) -> None:
     m = out["measured"]
-    print(f"in-process before the fleet {m['in_process']['before']:.1f}, after "
-          f"{m['in_process']['after']:.1f} rollouts/s (their mean is the baseline)\n")
+    if "before" in m["in_process"]:
+        print(f"in-process before the fleet {m['in_process']['before']:.1f}, after "
+              f"{m['in_process']['after']:.1f} rollouts/s (their mean is the baseline)\n")
     print("| setup | rollouts/s | vs in-process |\n|---|---|---|")
     for name in ("in_process", "fleet1", "fleet2"):
         rps = m[name]["rollouts_per_s"]
