@@ -16,7 +16,7 @@ is written once, in the engine's dtype, as a versioned folder (manifest last) un
 read), then every server loads it and labels it ``"<version>:<publication id>"``; the
 labels vLLM puts on sampled tokens are checked against it, so every row's
 ``policy_version_*`` is the version that sampled its tokens. On GPUs the same protocol
-fits an NCCL broadcast to the servers (gfcr.fleet_nccl, untested here).
+fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here).
 """
 
 from __future__ import annotations
