@@ -10,7 +10,7 @@ so a folder with one is complete), loads its safetensors through vLLM's own
 file left it out (safetensors' ``save_model`` drops a shared tensor; vLLM's reload keeps
 a stale head without it, see ``stages.engines._vllm_run._save_tied``).
 
-The client (gfcr.fleet.client) then drops the prefix cache and relabels the engine's
+The client (stages.engines._fleet_client) then drops the prefix cache and relabels the engine's
 weight version, so every token vLLM samples afterwards is tagged with it.
 """
 
