@@ -227,6 +227,8 @@ class FleetEngine:
             try:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
+                if err.why.startswith("HTTP 4"):  # the request's fault: no retry helps
+                    raise ValueError(f"the fleet refused request {rid}: {err}") from None
                 server.abort([name])  # superseded: its deadline passed or it broke
                 errors.append(str(err))
                 self._out(server, str(err))
@@ -263,7 +265,7 @@ class FleetEngine:
 
     def _out(self, server: Server, why: str) -> None:
         """Take ``server`` out of the fleet unless it still answers its health check."""
-        if server.healthy() and "HTTP 4" not in why:
+        if server.healthy():
             return
         with self._lock:
             first = server.url not in self.down

@@ -161,6 +161,10 @@ def test_a_server_restarted_with_other_weights_is_reloaded_before_it_is_used(
     prompt = policy.tokenizer.encode("12+34=")
     requests = [GenRequest(key=k, prompt_ids=prompt + [k + 3]) for k in range(8)]
     outs = engine.generate(requests, SamplingParams(max_tokens=6, temperature=1.0))
+    with pytest.raises(ValueError, match="the fleet refused request .*HTTP 400"):
+        engine.generate([GenRequest(key=0, prompt_ids=[5] * 300)],  # > max_model_len
+                        SamplingParams(max_tokens=2))
+    assert victim.url not in engine.down  # a bad request takes no server out
     engine.close()
     assert any(f"{victim.url} holds weights 'default'" in m for m in messages)
     assert {o.server for o in outs} == {survivor.url, victim.url}
