@@ -126,6 +126,16 @@ class WeightsDtype(Protocol):
 
 
 @runtime_checkable
+class EngineFleet(Protocol):
+    """Optional on an engine config: its engine also runs as a fleet of servers
+    (gfcr.fleet.Fleet): ``fleet`` returns an engine over the servers at ``urls`` that
+    also loads published weight versions (``load(folder, version, ident)``)."""
+
+    def fleet(self, policy: Any, urls: list[str], *, timeout_s: float, attempts: int,
+              notify: Any) -> Any: ...
+
+
+@runtime_checkable
 class TeacherForcing(Protocol):
     """Optional on an engine (the ``teacher_forcing`` capability): the behaviour
     logprobs of tokens it did not sample, by a teacher-forced pass at its weights."""

@@ -40,6 +40,8 @@ def quiet_prefect(verbose: bool = False) -> None:
 STORE_HELP = ("Store folder, or postgresql://HOST/DB?data_path=SHARED_FOLDER (default "
               "ROOT/store).")
 TRACKING_HELP = "MLflow tracking URI, e.g. http://HOST:5000 (default: SQLite under ROOT)."
+PIPELINE_HELP = ("Registered name, .py or .yaml file (default: 'default', or with --resume "
+                 "the run's own pipeline).")
 RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume'). Without "
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
@@ -47,9 +49,7 @@ RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume')
 
 @app.command()
 def run(
-    pipeline: Optional[str] = typer.Argument(
-        None, help="Registered name, .py or .yaml file (default: 'default', or with --resume "
-                   "the run's own pipeline)."),
+    pipeline: Optional[str] = typer.Argument(None, help=PIPELINE_HELP),
     steps: Optional[int] = typer.Option(None, help="Override the pipeline's step count."),
     set_: list[str] = typer.Option([], "--set", help="Override: stage.field=value (repeat)."),
     resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help=RESUME_HELP),
@@ -63,6 +63,7 @@ def run(
     generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
+    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -83,7 +84,7 @@ def run(
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout, score_pool=score_pool)
+                         generate_timeout=generate_timeout, score_pool=score_pool, fleet=fleet)
     from gfcr.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
@@ -200,6 +201,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
 app.command("engine-worker")(cli_workers.engine_worker)
+app.add_typer(cli_workers.engine_app, name="engine")
 app.add_typer(cli_model.app, name="model")
 
 

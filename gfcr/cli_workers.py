@@ -10,7 +10,9 @@ POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker
 POOL_TIMEOUT = ("With --generate-pool or --score-pool: fail a step's call no worker "
                 "finished in this many s.")
 SCORE = "Run the scoring filter stages (Verify, ...) on the engine workers of POOL."
-"""``gfcr run``'s help for its engine-worker options."""
+FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
+         "for a fleet); --generate-timeout is each request's deadline.")
+"""``gfcr run``'s help for its engine-worker and fleet options."""
 
 
 def engine_worker(
@@ -50,3 +52,29 @@ def engine_worker(
     except (ValueError, RuntimeError, ImportError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+
+
+engine_app = typer.Typer(no_args_is_help=True,
+                         help="A fleet's inference servers (runs name them with a fleet).")
+
+
+@engine_app.command("serve", context_settings={"allow_extra_args": True,
+                                               "ignore_unknown_options": True})
+def engine_serve(
+    ctx: typer.Context,
+    model: str = typer.Option(..., "--model", metavar="DIR",
+                              help="The model folder (config.json and safetensors)."),
+    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other hosts."),
+    dtype: str = typer.Option("float32", "--dtype", help="The engine's dtype (the "
+                                                         "pipeline's engine.dtype)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+) -> None:
+    """Run vLLM's own OpenAI-compatible server with what a gfcr fleet needs (token ids
+    in and out, gfcr's logprob convention, weights loaded by version; gfcr.fleet_serve).
+    Options after the known ones go to vLLM as they are (e.g. --kv-cache-memory-bytes)."""
+    from gfcr.fleet_serve import exec_server
+
+    exec_server(model, port=port, host=host, dtype=dtype, seed=seed,
+                max_model_len=max_model_len, extra=tuple(ctx.args))

@@ -82,6 +82,9 @@ class GenOutput:
     """With ``SamplingParams.top_logprobs=k``: one entry per ``completion_ids`` token,
     the k most likely (token, logprob) pairs at that position, most likely first, under
     the logprob convention; empty for the prefix tokens the request came with."""
+    server: str | None = None
+    """Where its last tokens were generated: a fleet server's URL (the ``server``
+    column, gfcr.rollout.SERVER); None: in this process."""
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class RunRequest(BaseModel):
     score_pool: str | None = None
     """Run the scoring filter stages on this pool's engine workers (None: in-process);
     its calls share ``generate_timeout``."""
+    fleet: tuple[str, ...] = ()
+    """Generate on these vLLM servers (``gfcr engine serve``; gfcr.fleet.Fleet), each
+    request with ``generate_timeout`` as its deadline; not with ``generate_pool``."""
 
 
 def resolve(request: RunRequest, store: Any) -> Pipeline:
@@ -130,10 +133,22 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
         tracked = [MlflowHook(request.tracking)] if request.track else []
         return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
                        hooks=[*hooks, *tracked], store=store, stop=stop,
-                       generate_pool=_placement(request, request.generate_pool),
+                       generate_pool=_generation(request),
                        score_pool=_placement(request, request.score_pool))
     finally:
         store.close()
+
+
+def _generation(request: RunRequest) -> Any:
+    """Where the request generates: a fleet of servers, engine workers, or None."""
+    if not request.fleet:
+        return _placement(request, request.generate_pool)
+    if request.generate_pool is not None:
+        raise ValueError(f"a run generates on a fleet ({list(request.fleet)}) or on the "
+                         f"engine workers of pool {request.generate_pool!r}, not both")
+    from gfcr.fleet import Fleet
+
+    return Fleet(urls=request.fleet, timeout_s=request.generate_timeout)
 
 
 def _placement(request: RunRequest, pool: str | None) -> Any:
@@ -151,13 +166,15 @@ def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = Non
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
                   track: bool = True, generate_pool: str | None = None,
-                  generate_timeout: float = 600.0, score_pool: str | None = None) -> Any:
+                  generate_timeout: float = 600.0, score_pool: str | None = None,
+                  fleet: list[str] | None = None) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout, score_pool=score_pool)
+                         generate_timeout=generate_timeout, score_pool=score_pool,
+                         fleet=tuple(fleet or ()))
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))

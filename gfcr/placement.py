@@ -3,6 +3,8 @@
 - in-process (no pool): the engine shares the learner's policy; with
   ``max_staleness > 0`` it gets a policy of its own and a thread to generate on while
   the learner updates (gfcr.inprocess.LocalGenerator);
+- a fleet (gfcr.fleet.Fleet): the inference engine's own servers generate and
+  evaluate, weights reach them by version; no engine is built in this process;
 - a generate pool: engine workers generate (gfcr.remote.dispatch), the run's own
   engine still evaluates;
 - a score pool: the scoring filter stages run on engine workers (gfcr.remote.scoring).
@@ -15,6 +17,7 @@ from typing import Any, Callable
 
 from gfcr.capabilities import EngineSpec
 from gfcr.commits import BackgroundCommits, pinned_history, recording
+from gfcr.fleet import Fleet, for_run as fleet_for_run
 from gfcr.inprocess import LocalGenerator, LocalLearner, LocalScorer
 from gfcr.pipeline import Pipeline
 from gfcr.remote import scoring
@@ -36,18 +39,11 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
                            if trainers else None)
     if pools[0] is not None and policy.adapter is not None:
         raise ValueError(
-            "train stage: lora is set and the run generates on a pool of engine workers, "
-            "which load whole published weights; a LoRA learner publishes its adapter "
-            "alone (gfcr.weights), which workers do not load yet. Generate in-process "
-            "(no generate pool) or drop lora.")
-    local = _local(pipeline, policy, background=bool(pipeline.max_staleness
-                                                     and pools[0] is None))
-    if local.policy is not policy:
-        local.load(learner.handle())  # the engine's own copy starts as the learner's
-    remote = for_run(pools[0], pipeline, run_id, root, local, notify)
-    generator: Generator = local if remote is None else remote
-    if remote is not None:
-        remote.load(learner.handle())
+            "train stage: lora is set and the run generates on a pool of engine workers "
+            "or a fleet of servers, which load whole published weights; a LoRA learner "
+            "publishes its adapter alone (gfcr.weights), which they do not load yet. "
+            "Generate in-process (no generate pool) or drop lora.")
+    generator = _generator(pipeline, run_id, root, policy, learner, pools[0], notify)
     scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()
     snapshots: dict[int, int] = {}
     record = Record(commit=recording(store.commit_step, snapshots),
@@ -56,6 +52,25 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
     services = Services(generator=generator, learner=learner, scorer=scorer)
     return Runtime(pipeline=pipeline, task=pipeline.task, services=services, stash=stash,
                    record=record), policy
+
+
+def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner: Any,
+               pool: Any, notify: Callable[[str], None]) -> Generator:
+    """The run's generator: a fleet of servers (nothing generates here), engine workers
+    (the run's own engine evaluates), or the engine in this process."""
+    if isinstance(pool, Fleet):
+        fleet = fleet_for_run(pool, pipeline, run_id, root, policy, notify)
+        fleet.load(learner.handle())
+        return fleet
+    local = _local(pipeline, policy, background=bool(pipeline.max_staleness
+                                                     and pool is None))
+    if local.policy is not policy:
+        local.load(learner.handle())  # the engine's own copy starts as the learner's
+    remote = for_run(pool, pipeline, run_id, root, local, notify)
+    if remote is None:
+        return local
+    remote.load(learner.handle())
+    return remote
 
 
 def _local(pipeline: Pipeline, policy: Any, *, background: bool) -> LocalGenerator:

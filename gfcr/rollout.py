@@ -180,6 +180,11 @@ TOKEN_KEEP_RATIO = "token_keep_ratio"
 tokens the trainer keeps, chosen by its token selector (stages.train.selection; D³S's by
 default) from its own forward pass. A filter writes it (stages.filter.d3s)."""
 
+SERVER = "server"
+"""Extra column (string, null = generated in the run's process or carried over): the
+URL of the fleet server (gfcr.fleet) that generated the row's last tokens. Only a run
+that generates on a fleet writes it."""
+
 D3S_ADVANTAGE = "d3s_advantage"
 """Advantage override (float64, null = none): where present, the trainer trains the row
 on this advantage as is (loss, token ranking, stored ``advantage``) instead of its

@@ -125,6 +125,15 @@ class VLLM(Spec):
         return VLLMEngine(policy, llm, folder=folder, seed=seed, in_process=self.in_process,
                           sleep_mode=self.sleep_mode, can_sleep=kwargs["enable_sleep_mode"])
 
+    def fleet(self, policy: Policy, urls: list[str], *, timeout_s: float, attempts: int,
+              notify: Any) -> Any:
+        """This engine as vLLM's own servers at ``urls`` (gfcr.fleet; each started by
+        ``gfcr engine serve`` with this dtype): :class:`stages.engines.fleet.FleetEngine`."""
+        from stages.engines.fleet import FleetEngine
+
+        return FleetEngine(policy, urls, timeout_s=timeout_s, attempts=attempts,
+                           notify=notify)
+
     def _llm_kwargs(self, policy: Policy, folder: Path, seed: int) -> dict[str, Any]:
         config = policy.model.config
         kwargs: dict[str, Any] = dict(

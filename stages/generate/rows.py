@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 
 from gfcr.engine import Engine, GenOutput
-from gfcr.rollout import (NEW_TOKENS, RECYCLE, RECYCLE_TYPE, ROLLOUT_SCHEMA, col,  # noqa: F401
-                          stable_id)
+from gfcr.rollout import (NEW_TOKENS, RECYCLE, RECYCLE_TYPE, ROLLOUT_SCHEMA, SERVER,  # noqa: F401
+                          col, stable_id)
 from gfcr.stage import StepContext
 
 CONTINUES_PARTIALS = "continues_partials"
@@ -55,11 +55,16 @@ def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_
         col.N_TOKENS: len(out.completion_ids), col.GEN_SECONDS: out.seconds,
         col.CREATED_AT: datetime.now(timezone.utc),
         NEW_TOKENS: len(out.completion_ids) - prefix_tokens,
+        **({SERVER: out.server} if out.server is not None else {}),
     }
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows of :func:`rollout_row` as a table in :data:`GENERATED_SCHEMA`."""
+    """Rows of :func:`rollout_row` as a table in :data:`GENERATED_SCHEMA`, with the
+    ``server`` column when a fleet generated any of them (gfcr.rollout.SERVER)."""
+    if any(SERVER in r for r in rows):
+        return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA.append(
+            pa.field(SERVER, pa.string())))
     return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA)
 
 

@@ -1,0 +1,78 @@
+"""Real vLLM CPU servers for the fleet tests, each started with ``gfcr engine serve`` as
+a subprocess of its own session (so a test can kill -9 a server's whole process group:
+API server, engine core and worker, as a machine that dies would)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+KV_BYTES = 50_000_000
+"""Each server's KV cache (the tiny policy needs little; the machine is shared)."""
+
+
+@dataclass
+class Started:
+    """One server: its URL, process and log."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+    def kill(self) -> None:
+        """kill -9 the server's process group (it was started in a session of its own)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(model: Path, log: Path, port: int | None = None) -> Started:
+    """``gfcr engine serve`` on ``model``; returns at once (see :func:`wait_healthy`)."""
+    port = port or free_port()
+    argv = [sys.executable, "-c", "from gfcr.cli import main; main()", "engine", "serve",
+            "--model", str(model), "--port", str(port), "--max-model-len", "256",
+            "--kv-cache-memory-bytes", str(KV_BYTES), "--enforce-eager"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return Started(f"http://127.0.0.1:{port}", port, proc, log)
+
+
+def wait_healthy(servers: list[Started], timeout_s: float = 600.0) -> None:
+    """Wait until every server answers ``/health``; fail with its log's tail if one exits
+    or does not answer in time."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(servers)
+    while waiting:
+        for server in list(waiting):
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server {server.url} exited: "
+                                   f"{server.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(server.url + "/health", timeout=2.0).status_code == 200:
+                    waiting.remove(server)
+            except httpx.HTTPError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM servers {[s.url for s in waiting]} not healthy after "
+                               f"{timeout_s:.0f} s")
+        time.sleep(1.0)
