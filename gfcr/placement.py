@@ -41,7 +41,7 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
         raise ValueError(
             "train stage: lora is set and the run generates on a pool of engine workers "
             "or a fleet of servers, which load whole published weights; a LoRA learner "
-            "publishes its adapter alone (gfcr.weights), which they do not load yet. "
+            "publishes its adapter alone (gfcr.weights), which workers do not load yet. "
             "Generate in-process (no generate pool) or drop lora.")
     generator = _generator(pipeline, run_id, root, policy, learner, pools[0], notify)
     scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()
