@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
                              SamplingParams, Tokenizer)
     from gfcr.loading import load
-    from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
+    from gfcr.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
+                               PipelineError)
     from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
     from gfcr.run import RunSummary, execute
     from gfcr.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "gfcr.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
                     "SamplingParams", "Tokenizer"),
-    "gfcr.pipeline": ("Checkpointing", "Evaluation", "Pipeline", "PipelineError"),
+    "gfcr.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
+                      "PipelineError"),
     "gfcr.loading": ("load",),
     "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
     "gfcr.run": ("RunSummary", "execute"),

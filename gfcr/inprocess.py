@@ -99,6 +99,9 @@ class LocalLearner:
                             "offers them (GRPO's does)")
         return list(forced(prompts, completions, temperature))
 
+    def close(self) -> None:
+        pass  # nothing started
+
 
 class SameTensors:
     """The in-process weight sync (gfcr.services.WeightSync): an engine that shares the

@@ -25,7 +25,7 @@ from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
 from gfcr.sizes import check_sizes
 from gfcr.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
-                           RewardRange)
+                           LearnerPlacement, RewardRange)
 from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
                         Stage, StageSpec, load_plugins, lookup)
 
@@ -69,6 +69,9 @@ class Pipeline(Spec):
     reward_range: RewardRange = RewardRange()
     """The range of a step's rewards; outside it they are clipped or dropped, with a
     warning (gfcr.rewards). Stored in the spec only when set, as ``max_staleness``."""
+    learner: LearnerPlacement = LearnerPlacement()
+    """Where the train stage's learner runs: in this process, or sharded over ranks
+    (gfcr.sharded). Stored in the spec only when set, as ``max_staleness``."""
     nested_numbers: ClassVar[bool] = False  # the task and stages check their own
 
     def __init__(self, **data: Any) -> None:
@@ -123,6 +126,8 @@ class Pipeline(Spec):
             out["max_staleness"] = self.max_staleness
         if self.reward_range != RewardRange():
             out["reward_range"] = self.reward_range.model_dump(mode="json")
+        if self.learner != LearnerPlacement():
+            out["learner"] = self.learner.model_dump(mode="json")
         return out
 
     def to_yaml(self) -> str:

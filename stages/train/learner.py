@@ -14,7 +14,6 @@ so the accumulated gradient is the full-batch gradient.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
                                truncated_is_weights)
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
+from stages.train.ranks import OneProcess, Ranks
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class GRPOLearner:
         self.spec, self.policy, self.seed = spec, policy, seed
         self.updates = 0
         self.reference: torch.nn.Module | None = None
+        self.ranks: Ranks = OneProcess()
+        """The processes an update's rows are shared between (stages.train.ranks); a
+        sharded learner (stages.train.fsdp) sets its own."""
         self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=spec.lr,
                                            betas=(0.9, 0.999), weight_decay=0.0)
         self.device = next(policy.model.parameters()).device
@@ -196,7 +199,7 @@ class GRPOLearner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
                                                    self.spec.max_grad_norm)
         self.optimizer.step()
-        return {"loss": total, "grad_norm": float(grad_norm), **stats}
+        return {"loss": total, "grad_norm": _scalar(grad_norm), **stats}
 
     def _accumulate(self, work: Work) -> tuple[float, dict[str, float]]:
         """Backward of every micro-batch; the loss and token-weighted statistics."""
@@ -205,7 +208,12 @@ class GRPOLearner:
         norm = work_rows.norm(work, spec.aggregation, spec.norm_tokens)
         total, n_all = 0.0, 0.0
         weighted: dict[str, float] = {}
-        for part in self._micro_batches(work):
+        rows = list(range(len(work.prompts)))
+        lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in rows]
+        for part in self.ranks.parts(rows, lengths, lambda r: self._micro_batches(work, r)):
+            if part is None:
+                self._idle(work)
+                continue
             new, mask, entropy = self._forward(work, part, grad=True)
             width = mask.shape[1]
             loss_mask = padded([work.masks[i] for i in part], width, dtype=torch.bool,
@@ -224,7 +232,16 @@ class GRPOLearner:
             n_all += n
             for key, value in stats.items():
                 weighted[key] = weighted.get(key, 0.0) + value * n
-        return total, {k: v / max(n_all, 1.0) for k, v in weighted.items()}
+        sums = self.ranks.total({"loss": total, "n": n_all,
+                                 **{f"stat/{k}": v for k, v in weighted.items()}})
+        return sums["loss"], {k[5:]: v / max(sums["n"], 1.0) for k, v in sums.items()
+                              if k.startswith("stat/")}
+
+    def _idle(self, work: Work) -> None:
+        """A micro-batch of zero loss (a forward and backward of the first row times 0):
+        what a process with no rows left runs while the others train (stages.train.ranks)."""
+        new, mask, _ = self._forward(work, [0], grad=True, entropy=False)
+        (torch.where(mask, new, torch.zeros_like(new)).sum() * 0.0).backward()
 
     def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
         idx = list(range(len(work.prompts))) if subset is None else subset
@@ -301,7 +318,7 @@ class GRPOLearner:
     def _reference_logprobs(self, work: Work) -> list[np.ndarray]:
         """Logprobs of every row under the frozen reference (made at the first update)."""
         if self.reference is None:
-            self.reference = _frozen_copy(self.policy.model)
+            self.reference = self.ranks.frozen_copy(self.policy.model)
         out: list[np.ndarray] = [np.zeros(0)] * len(work.prompts)
         for part in self._micro_batches(work):
             lp, _, _ = self._forward(work, part, grad=False, entropy=False,
@@ -327,7 +344,7 @@ class GRPOLearner:
         self.updates = int(state["updates"])
         self.reference = None
         if state.get("reference") is not None:
-            self.reference = _frozen_copy(self.policy.model)
+            self.reference = self.ranks.frozen_copy(self.policy.model)
             self.reference.load_state_dict(state["reference"])
 
 
@@ -339,9 +356,11 @@ def _rows(values: list[np.ndarray] | None, part: list[int], width: int,
     return None if values is None else padded([values[i] for i in part], width, device=device)
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+def _scalar(norm: torch.Tensor) -> float:
+    """The clipped-before norm as a float; a sharded model's is a replicated DTensor."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(norm, DTensor):
+            return float(norm.full_tensor())
+    return float(norm)
