@@ -81,6 +81,9 @@ class LocalLearner:
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.learner is not None and state is not None:
+            if "sharded" in state:
+                raise ValueError("the checkpoint holds a sharded learner's state "
+                                 f"({state['sharded']}); resume it with learner.ranks >= 1")
             self.learner.load_state_dict(state)
 
     def save_weights(self, path: Path) -> None:

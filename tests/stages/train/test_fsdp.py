@@ -17,10 +17,15 @@ import torch
 from safetensors.torch import load_file
 
 from gfcr import checkpoint
+from gfcr.pipeline import Checkpointing, LearnerPlacement
+from gfcr.run import execute
 from gfcr.sharded import Setup, ShardedLearner, ShardedLearnerError
 from gfcr.stage import StepContext
+from stages import GroupSample, UniformSampler, Verify
 from stages.train.grpo import GRPO
+from tests.conftest import tiny_pipeline
 from tests.stages.train.conftest import TINY, rollouts
+from tests.stages.train.test_train_pipelines import digit_share
 
 REWARDS = [1.0, 0.0, 0.5, 0.0, 1.0, 0.2, 0.0, 0.7]
 GROUPS = ["a"] * 4 + ["b"] * 4
@@ -171,3 +176,24 @@ def test_an_error_in_a_rank_names_the_rank_and_its_error(alone):
     alone.restart(GRPO())
     with pytest.raises(ShardedLearnerError, match=r"rank 0 .*null 'reward'"):
         alone.update(_ctx(0), bad)
+
+
+def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path):
+    """The loop with ``learner.ranks=2``: the engine generates with the versions the ranks
+    publish, each step's checkpoint holds their sharded state, and the run resumes on one
+    rank from it (the number of ranks may change on resume)."""
+    p = tiny_pipeline(steps=2, checkpoint=Checkpointing(every=1),
+                      learner=LearnerPlacement(ranks=2, device="cpu", timeout_s=300),
+                      stages=[UniformSampler(batch=2), GroupSample(n=4, max_tokens=4),
+                              Verify(scorer=f"{digit_share.__module__}:digit_share"),
+                              GRPO(lr=1e-3)])
+    first = execute(p, root=tmp_path, executor="local", run_id="sharded")
+    ckpt = checkpoint.latest(checkpoint.directory(tmp_path, "sharded"))
+    assert ckpt is not None and ckpt.step == 1 and ckpt.manifest.policy_version == 2
+    assert (ckpt.path / "learner.dcp" / ".metadata").is_file()
+    assert [m["policy_version"] for m in first.history] == [1, 2]
+    longer = p.model_copy(update={"steps": 3, "learner": LearnerPlacement(ranks=1,
+                                                                          device="cpu")})
+    resumed = execute(longer, root=tmp_path, executor="local", run_id="sharded")
+    assert resumed.resumed_from == 1
+    assert [m["policy_version"] for m in resumed.history] == [1, 2, 3]
