@@ -377,7 +377,7 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
         names = [s.get("name") or s.get("type") for s in data["stages"]]
         problems.append(f"{path!r}: no component or stage named {head!r}; stages: "
                         f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation, "
-                        "checkpoint, reward_range")
+                        "checkpoint, reward_range, learner")
         return
     _set_nested(target, field.split("."), value)
 
@@ -385,7 +385,7 @@ def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) 
 def _override_target(data: dict[str, Any], head: str) -> dict[str, Any] | None:
     if head in (*COMPONENTS, "evaluation", "checkpoint"):
         return data[head]
-    if head == "reward_range":  # stored only when set: its defaults fill what is not given
+    if head in ("reward_range", "learner"):  # stored only when set: defaults fill the rest
         return data.setdefault(head, {})
     for s in data["stages"]:
         if (s.get("name") or s.get("type")) == head:

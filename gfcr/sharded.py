@@ -157,6 +157,7 @@ class ShardedLearner:
         self._version, self._meta = 0, {"updates": 0, "reference": False}
         self._loaded_from: Path | None = None
         self.failed: str | None = None
+        self.closed = False
         self.log = self.where / "ranks.log"
         self.pids: list[int] = []
         """The ranks' process ids, by rank."""
@@ -217,15 +218,18 @@ class ShardedLearner:
                  temperature: float) -> list[list[float]]:
         return list(self._call("logprobs", prompts, completions, temperature))
 
-    def restart(self, stage: Any) -> None:
-        """The initial weights again, under ``stage``'s learner (a benchmark or test
-        compares several stages on one process group)."""
-        self._call("restart", stage)
+    def restart(self, stage: Any, policy: Any = None) -> None:
+        """The initial weights again (of another policy component, when given), under
+        ``stage``'s learner: a benchmark or test compares several on one process group."""
+        self._call("restart", stage, policy)
         self._call("publish", 0)
         self._version = 0
 
     def close(self) -> None:
-        """Stop the ranks (at once when they failed)."""
+        """Stop the ranks (at once when they failed); again: nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self.failed is None:
             for conn in self.conns:
                 try:

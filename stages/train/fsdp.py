@@ -69,10 +69,9 @@ def full_state(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def load_full(model: torch.nn.Module, state: dict[str, Any]) -> None:
-    """Load a full state dict given on rank 0 (``{}`` elsewhere) into the shards; not
-    strictly (a tied weight comes under one of its names: the caller checks the rest)."""
+    """Load a full state dict given on rank 0 (``{}`` elsewhere) into the shards."""
     set_model_state_dict(model, state, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=True, strict=False))
+        full_state_dict=True, broadcast_from_rank0=True))
 
 
 def save_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -105,6 +104,22 @@ def _templates(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if reference is not None:
         state["reference"] = get_model_state_dict(reference)
     return state
+
+
+def state_mb(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """MiB this rank holds of the weights, gradients and optimizer state (its shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    total = 0
+    for p in model.parameters():
+        total += local(p) + (local(p.grad) if p.grad is not None else 0)
+    for state in optimizer.state.values():
+        total += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total / 2**20
 
 
 class Collective:

@@ -70,19 +70,23 @@ class Rank:
         self.setup, self.device = setup, device
         self.rank = dist.get_rank()
         self.store = WeightStore(Path(setup.weights), TORCH_IO, keep=setup.keep)
+        self.component = setup.policy
         self.restart(setup.stage)
 
-    def restart(self, stage: Any) -> None:
-        """A fresh policy (the component's initial weights) and ``stage``'s learner."""
+    def restart(self, stage: Any, component: Any = None) -> None:
+        """A fresh policy (the component's initial weights; another ``component``'s when
+        given) and ``stage``'s learner."""
         setup = self.setup
-        policy = setup.policy.build(seed=setup.seed)
+        self.component = self.component if component is None else component
+        build = self.component.build
+        policy = build(seed=setup.seed)
         fsdp.shard(policy.model, self.device, offload=setup.offload)
         learner = stage.learner(policy, seed=setup.seed)
         if not isinstance(learner, Shardable):
             raise TypeError(f"stage {stage.label!r}: its learner "
                             f"({type(learner).__name__}) cannot be sharded (it has no "
                             "ranks, optimizer, updates and reference)")
-        learner.ranks = fsdp.Collective(lambda: setup.policy.build(seed=setup.seed).model,
+        learner.ranks = fsdp.Collective(lambda: build(seed=setup.seed).model,
                                         self.device, offload=setup.offload)
         learner.device = self.device
         self.policy, self.learner = policy, learner
@@ -91,6 +95,14 @@ class Rank:
         ctx = StepContext(run_id=self.setup.run_id, step=step, seed=self.setup.seed,
                           policy_version=version, task=_NO_TASK)
         result = self.learner.update(ctx, batch)
+        peaks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, (result.metrics.get("peak_memory_mb", 0.0),
+                                       fsdp.state_mb(self.policy.model,
+                                                     self.learner.optimizer)))
+        for r, (peak, state) in enumerate(peaks):
+            result.metrics[f"peak_memory_mb/rank{r}"] = float(peak)
+            result.metrics[f"state_mb/rank{r}"] = float(state)
+        result.metrics["peak_memory_mb"] = max(float(peak) for peak, _ in peaks)
         self.publish(new)
         return result
 
@@ -108,11 +120,8 @@ class Rank:
         if self.rank == 0:
             from safetensors.torch import load_file
 
-            state = load_file(path)
-            missing = sorted(_names(self.policy.model) - state.keys())
-            if missing:
-                raise ValueError(f"weights file {path!r} lacks {missing[:5]!r}")
-        fsdp.load_full(self.policy.model, state)  # tied names beyond the file's: not strict
+            state = _all_names(self.policy.model, load_file(path), path)
+        fsdp.load_full(self.policy.model, state)
         self.publish(version)
 
     def save(self, path: str) -> dict[str, Any]:
@@ -140,6 +149,25 @@ def _names(model: torch.nn.Module) -> set[str]:
     kept = model.state_dict().keys()
     return {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()
                                                         if n in kept}
+
+
+def _all_names(model: torch.nn.Module, state: dict[str, Any], path: str
+               ) -> dict[str, Any]:
+    """``state`` under every name of each tied tensor (a file holds one of them, which
+    one depends on its writer); ValueError naming what the file lacks."""
+    aliases: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    out = dict(state)
+    for names in aliases.values():
+        found = [n for n in names if n in state]
+        for name in names if found else ():
+            out.setdefault(name, state[found[0]])
+    missing = sorted(model.state_dict().keys() - out.keys())
+    if missing:
+        raise ValueError(f"weights file {path!r} lacks {len(missing)} tensor(s) of the "
+                         f"policy, e.g. {missing[:3]!r}")
+    return out
 
 
 def _device(kind: str, local_rank: int) -> torch.device:

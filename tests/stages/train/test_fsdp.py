@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from gfcr import checkpoint
-from gfcr.pipeline import Checkpointing, LearnerPlacement
+from gfcr.pipeline import Checkpointing, LearnerPlacement, PipelineError
 from gfcr.run import execute
 from gfcr.sharded import Setup, ShardedLearner, ShardedLearnerError
 from gfcr.stage import StepContext
@@ -113,14 +113,22 @@ def test_each_loss_of_the_grpo_family_matches_one_process(sharded, name):
     assert _max_diff(_weights(handle), policy.model.state_dict()) < 1e-5
 
 
-def test_teacher_forced_logprobs_match_one_process(sharded):
+def test_published_weights_reach_the_ranks_and_their_logprobs_match(sharded):
+    """A warm start changes the run's own policy; ``publish`` sends it to the ranks (the
+    file names a tied weight once), whose teacher-forced logprobs are then the policy's."""
     sharded.restart(GRPO())
-    policy = TINY.build(seed=0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in sharded.policy.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert sharded.publish().version == 1
     prompts, completions = [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]]
-    want = GRPO().learner(policy, seed=0).logprobs(prompts, completions, 1.0)
+    want = GRPO().learner(sharded.policy, seed=0).logprobs(prompts, completions, 1.0)
     got = sharded.logprobs(prompts, completions, 1.0)
+    fresh = GRPO().learner(TINY.build(seed=0), seed=0).logprobs(prompts, completions, 1.0)
     assert [len(r) for r in got] == [2, 3]
     assert max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w)) < 1e-5
+    assert max(abs(a - b) for g, w in zip(got, fresh) for a, b in zip(g, w)) > 1e-3
 
 
 def _save(root: Path, learner: ShardedLearner, step: int) -> checkpoint.Checkpoint:
@@ -197,3 +205,14 @@ def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path):
     resumed = execute(longer, root=tmp_path, executor="local", run_id="sharded")
     assert resumed.resumed_from == 1
     assert [m["policy_version"] for m in resumed.history] == [1, 2, 3]
+
+
+def test_the_learner_placement_is_strict_and_stored_only_when_set():
+    p = tiny_pipeline()
+    assert p.learner.ranks == 0 and "learner" not in p.to_dict()  # older specs keep their hash
+    q = p.with_overrides(["learner.ranks=2", "learner.offload=true"])
+    assert q.to_dict()["learner"]["ranks"] == 2 and q.learner.offload
+    with pytest.raises(PipelineError, match="learner.rank"):
+        p.with_overrides(["learner.rank=2"])
+    with pytest.raises(PipelineError, match="ranks"):
+        tiny_pipeline(learner={"ranks": -1})
