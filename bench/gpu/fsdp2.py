@@ -59,6 +59,13 @@ def _config(spec: tuple) -> LlamaConfig:
                        tie_word_embeddings=False, attn_implementation="sdpa")
 
 
+def _floor_gb(spec: tuple) -> float:
+    """fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter."""
+    _, layers, hidden, heads, kv, inter, vocab = spec
+    attn = 2 * hidden * hidden + 2 * hidden * (hidden // heads) * kv
+    return 16 * (layers * (attn + 3 * hidden * inter) + 2 * vocab * hidden) / 1e9
+
+
 def _build(spec: tuple, device: torch.device, offload: bool) -> torch.nn.Module:
     """Built on the device (fast initialisation), then sharded."""
     torch.manual_seed(0)
@@ -121,8 +128,14 @@ def _gather(model: torch.nn.Module, device: torch.device) -> dict[str, float]:
 
 
 def _attempt(spec: tuple, device: torch.device, args: argparse.Namespace) -> dict[str, Any]:
-    row: dict[str, Any] = {"model": spec[0]}
+    row: dict[str, Any] = {"model": spec[0], "state_floor_gb": _floor_gb(spec)}
     model = None
+    if device.type == "cuda" and not args.offload:
+        total = torch.cuda.mem_get_info(device)[1] / 1e9
+        if row["state_floor_gb"] > 0.95 * total:
+            row.update(fits=False, error=f"skipped: its state alone needs "
+                       f"{row['state_floor_gb']:.0f} GB of {total:.0f} GB")
+            return row
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
