@@ -16,7 +16,8 @@ if TYPE_CHECKING:
                              SamplingParams, Tokenizer)
     from gfcr.environment import Environment, Message, Step, Tool, register_env
     from gfcr.loading import load
-    from gfcr.pipeline import Checkpointing, Evaluation, Pipeline, PipelineError
+    from gfcr.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
+                               PipelineError)
     from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
     from gfcr.run import RunSummary, execute
     from gfcr.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
@@ -27,7 +28,8 @@ _WHERE = {
     "gfcr.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
                     "SamplingParams", "Tokenizer"),
     "gfcr.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
-    "gfcr.pipeline": ("Checkpointing", "Evaluation", "Pipeline", "PipelineError"),
+    "gfcr.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
+                      "PipelineError"),
     "gfcr.loading": ("load",),
     "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
     "gfcr.run": ("RunSummary", "execute"),

@@ -173,7 +173,8 @@ def _learner_state(learner: Any) -> dict[str, Any] | None:
     if found is None:
         return None
     state = dict(found)
-    if _is_policy_weights(state.get("model"), learner.handle().state()):
+    if isinstance(state.get("model"), dict) and \
+            _is_policy_weights(state["model"], learner.handle().state()):
         state["model"] = "<model.safetensors>"
     return state
 

@@ -91,6 +91,9 @@ class LocalLearner:
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.learner is not None and state is not None:
+            if "sharded" in state:
+                raise ValueError("the checkpoint holds a sharded learner's state "
+                                 f"({state['sharded']}); resume it with learner.ranks >= 1")
             self.learner.load_state_dict(state)
 
     def save_weights(self, path: Path) -> None:
@@ -114,6 +117,9 @@ class LocalLearner:
             raise TypeError("teacher-forced logprobs need a train stage whose learner "
                             "offers them (GRPO's does)")
         return list(forced(prompts, completions, temperature))
+
+    def close(self) -> None:
+        pass  # nothing started
 
 
 class SameTensors:

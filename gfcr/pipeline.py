@@ -20,12 +20,12 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from gfcr import problems as collect
 
-from gfcr import names, yamlfile
+from gfcr import names, overrides, yamlfile
 from gfcr.capabilities import PipelineRule, check_engine
 from gfcr.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
 from gfcr.sizes import check_sizes
 from gfcr.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
-                           RewardRange)
+                           LearnerPlacement, RewardRange)
 from gfcr.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
                         Stage, StageSpec, load_plugins, lookup)
 
@@ -69,6 +69,9 @@ class Pipeline(Spec):
     reward_range: RewardRange = RewardRange()
     """The range of a step's rewards; outside it they are clipped or dropped, with a
     warning (gfcr.rewards). Stored in the spec only when set, as ``max_staleness``."""
+    learner: LearnerPlacement = LearnerPlacement()
+    """Where the train stage's learner runs: in this process, or sharded over ranks
+    (gfcr.sharded). Stored in the spec only when set, as ``max_staleness``."""
     nested_numbers: ClassVar[bool] = False  # the task and stages check their own
 
     def __init__(self, **data: Any) -> None:
@@ -123,6 +126,8 @@ class Pipeline(Spec):
             out["max_staleness"] = self.max_staleness
         if self.reward_range != RewardRange():
             out["reward_range"] = self.reward_range.model_dump(mode="json")
+        if self.learner != LearnerPlacement():
+            out["learner"] = self.learner.model_dump(mode="json")
         return out
 
     def to_yaml(self) -> str:
@@ -157,7 +162,8 @@ class Pipeline(Spec):
         data = self.to_dict()
         problems: list[str] = []
         for assignment in assignments:
-            _apply_override(data, assignment, problems)
+            overrides.apply(data, assignment, problems, components=COMPONENTS,
+                            fields=frozenset(Pipeline.model_fields))
         if problems:
             raise PipelineError(problems, where="--set")
         return Pipeline(**data)
@@ -341,55 +347,3 @@ def _check_owners(stages: list[StageSpec], problems: list[str]) -> None:
                                 f"{decision!r} decision{what}: only one stage may take it, "
                                 "or each rule would undo the other's; keep one of them")
             owners.setdefault(decision, s.label)
-
-
-# --------------------------------------------------------------------------- overrides
-
-
-def _apply_override(data: dict[str, Any], assignment: str, problems: list[str]) -> None:
-    path, sep, raw = assignment.partition("=")
-    if not sep or not path:
-        problems.append(f"{assignment!r}: expected PATH=VALUE, e.g. grpo.lr=1e-3")
-        return
-    try:
-        value = yamlfile.load(raw, where=f"--set {path}") if raw else ""
-    except yamlfile.YamlRefused as e:
-        problems.append(f"{path!r}: value {raw[:80]!r} is not valid YAML ({e.problem}); quote it, "
-                        f"e.g. --set '{path}=\"...\"'")
-        return
-    head, _, field = path.partition(".")
-    if not field and head in COMPONENTS and isinstance(value, str):
-        data[head] = {"type": value}  # engine=vllm: that component type, its defaults
-        return
-    if not field:
-        if head not in Pipeline.model_fields or head in COMPONENTS or head == "stages":
-            problems.append(f"{path!r}: not a settable pipeline field "
-                            f"(use a component or stage name followed by .field)")
-        else:
-            data[head] = value
-        return
-    target = _override_target(data, head)
-    if target is None:
-        names = [s.get("name") or s.get("type") for s in data["stages"]]
-        problems.append(f"{path!r}: no component or stage named {head!r}; stages: "
-                        f"{', '.join(names)}; components: {', '.join(COMPONENTS)}, evaluation, "
-                        "checkpoint, reward_range")
-        return
-    _set_nested(target, field.split("."), value)
-
-
-def _override_target(data: dict[str, Any], head: str) -> dict[str, Any] | None:
-    if head in (*COMPONENTS, "evaluation", "checkpoint"):
-        return data[head]
-    if head == "reward_range":  # stored only when set: its defaults fill what is not given
-        return data.setdefault(head, {})
-    for s in data["stages"]:
-        if (s.get("name") or s.get("type")) == head:
-            return s
-    return None
-
-
-def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        target = target.setdefault(key, {})
-    target[keys[-1]] = value

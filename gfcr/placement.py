@@ -7,7 +7,10 @@
   evaluate, weights reach them by version; no engine is built in this process;
 - a generate pool: engine workers generate (gfcr.remote.dispatch), the run's own
   engine still evaluates;
-- a score pool: the scoring filter stages run on engine workers (gfcr.remote.scoring).
+- a score pool: the scoring filter stages run on engine workers (gfcr.remote.scoring);
+- a sharded learner (``learner.ranks > 0``): the train stage's learner runs on FSDP2
+  processes (gfcr.sharded); the run's policy is then the engine's own, loaded from the
+  versions the ranks publish.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from gfcr.pipeline import Pipeline
 from gfcr.remote import scoring
 from gfcr.remote.dispatch import for_run
 from gfcr.runtime import Record, Runtime
-from gfcr.services import Generator, Services
+from gfcr.services import Generator, Learner, Services
+from gfcr.sharded import Setup, ShardedLearner
 from gfcr.stage import TRAIN
 from gfcr.tokencheck import check_task
 
@@ -34,9 +38,18 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
     """The run's runtime and the learner's policy: built once, kept for the whole run."""
     policy = pipeline.policy.build(seed=pipeline.seed)
     check_task(pipeline.task, policy.tokenizer, policy.remedy)  # before any work, once
-    trainers = TRAIN.of(pipeline.stages)
-    learner = LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
-                           if trainers else None)
+    learner = _learner(pipeline, policy, run_id, root)
+    try:
+        return _runtime(pipeline, run_id, root, stash, store, commits, pools, notify,
+                        policy, learner), policy
+    except BaseException:
+        learner.close()  # a sharded learner's processes
+        raise
+
+
+def _runtime(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
+             commits: BackgroundCommits, pools: tuple[Any, Any],
+             notify: Callable[[str], None], policy: Any, learner: Learner) -> Runtime:
     if pools[0] is not None and policy.adapter is not None:
         raise ValueError(
             "train stage: lora is set and the run generates on a pool of engine workers "
@@ -51,10 +64,10 @@ def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
                     background=commits)
     services = Services(generator=generator, learner=learner, scorer=scorer)
     return Runtime(pipeline=pipeline, task=pipeline.task, services=services, stash=stash,
-                   record=record), policy
+                   record=record)
 
 
-def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner: Any,
+def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner: Learner,
                pool: Any, notify: Callable[[str], None]) -> Generator:
     """The run's generator: a fleet of servers (nothing generates here), engine workers
     (the run's own engine evaluates), or the engine in this process."""
@@ -63,8 +76,9 @@ def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner
         fleet.load(learner.handle())
         return fleet
     local = _local(pipeline, policy, background=bool(pipeline.max_staleness
-                                                     and pool is None))
-    if local.policy is not policy:
+                                                     and pool is None),
+                   shared=not pipeline.learner.ranks)
+    if not local.shared:
         local.load(learner.handle())  # the engine's own copy starts as the learner's
     remote = for_run(pool, pipeline, run_id, root, local, notify)
     if remote is None:
@@ -73,13 +87,35 @@ def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner
     return remote
 
 
-def _local(pipeline: Pipeline, policy: Any, *, background: bool) -> LocalGenerator:
-    """The run's engine: on the learner's policy, or, generating in the background
-    while the learner updates, on a policy of its own."""
-    own = pipeline.policy.build(seed=pipeline.seed) if background else policy
+def _learner(pipeline: Pipeline, policy: Any, run_id: str, root: Path) -> Learner:
+    """The train stage's learner: over ``policy`` in this process, or sharded over
+    ``pipeline.learner.ranks`` processes (``policy`` is then the engine's own)."""
+    trainers = TRAIN.of(pipeline.stages)
+    place = pipeline.learner
+    if not place.ranks:
+        return LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
+                            if trainers else None)
+    if not trainers:
+        raise ValueError(f"pipeline {pipeline.name!r}: learner.ranks={place.ranks!r} needs "
+                         "a train stage to shard; set learner.ranks=0")
+    where = Path(root) / "runs" / run_id / "learner"
+    setup = Setup(policy=pipeline.policy, stage=trainers[0], seed=pipeline.seed,
+                  run_id=run_id, weights=str(where / "weights"),
+                  keep=pipeline.max_staleness + 2, device=place.device,
+                  offload=place.offload, timeout_s=place.timeout_s)
+    return ShardedLearner(setup, place.ranks, policy, where)
+
+
+def _local(pipeline: Pipeline, policy: Any, *, background: bool,
+           shared: bool = True) -> LocalGenerator:
+    """The run's engine: on the learner's policy (``shared``), or on a policy of its
+    own: generating in the background while the learner updates, or beside a sharded
+    learner (``policy`` is then no learner's)."""
+    own = pipeline.policy.build(seed=pipeline.seed) if background and shared else policy
     own.adapter = policy.adapter  # the learner's LoRA, if any: the engine prepares for it
     engine = pipeline.engine.build(own, seed=pipeline.seed)
     spec = pipeline.engine
     capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()
-    return LocalGenerator(engine, own, shared=own is policy, background=background,
+    return LocalGenerator(engine, own, shared=shared and own is policy,
+                          background=background,
                           capabilities=capabilities)

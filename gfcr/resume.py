@@ -23,8 +23,9 @@ every step) leaves nothing to replay, at the cost of a model and optimizer write
 which is why it is not the default.
 
 **What may change.** The pipeline given must be the run's own: its spec, as stored in the
-``runs`` table, with ``steps`` and ``checkpoint.*`` left out (so ``--steps`` can extend a
-run and checkpoint settings can change) must hash the same. Anything else is refused
+``runs`` table, with ``steps``, ``checkpoint.*`` and ``learner.*`` left out (so ``--steps``
+can extend a run, checkpoint settings can change, and a sharded learner's checkpoint
+resumes on another number of ranks, gfcr.sharded) must hash the same. Anything else is refused
 before the store is touched, naming both spec hashes and each field that differs.
 
 **A stored spec means what it meant when it was stored.** ``runs.spec_yaml`` holds every
@@ -54,7 +55,7 @@ from gfcr.rollout import col
 from gfcr.row_filter import RowFilter
 from gfcr.storage import backend
 
-MAY_CHANGE = ("steps", "checkpoint")
+MAY_CHANGE = ("steps", "checkpoint", "learner")
 """Top-level spec fields a resumed run may change."""
 
 ABSENT_MEANT: dict[tuple[str, str], Any] = {

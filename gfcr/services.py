@@ -165,6 +165,10 @@ class Learner(Protocol):
         current weights (the ``teacher_forcing`` capability)."""
         ...
 
+    def close(self) -> None:
+        """Stop what it started (a sharded learner's processes); nothing in-process."""
+        ...
+
 
 @runtime_checkable
 class AdapterLearner(Protocol):
@@ -192,7 +196,10 @@ class Services:
     scorer: Scorer
 
     def close(self) -> None:
-        self.generator.close()
+        try:
+            self.generator.close()
+        finally:
+            self.learner.close()
 
 
 @contextlib.contextmanager

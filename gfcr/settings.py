@@ -1,5 +1,5 @@
-"""A pipeline's run settings that are not stages: held-out evaluation, checkpointing and
-the range of rewards."""
+"""A pipeline's run settings that are not stages: held-out evaluation, checkpointing,
+the range of rewards and where the learner runs."""
 
 from __future__ import annotations
 
@@ -50,3 +50,23 @@ class RewardRange(Spec):
         if self.low > self.high:
             raise ValueError(f"low={self.low!r} must not be above high={self.high!r}")
         return self
+
+
+class LearnerPlacement(Spec):
+    """Where the train stage's learner runs: in the run's process (``ranks=0``, the
+    default), or sharded with FSDP2 over ``ranks`` processes that torchrun starts beside
+    it (gfcr.sharded): each holds a shard of the weights, gradients and optimizer state,
+    so a policy too large for one device trains on several. The losses mean the same in
+    both (stages.train.ranks)."""
+
+    ranks: int = Field(0, ge=0, le=1024)
+    """0: in this process; N: an FSDP2 process group of N ranks on this host."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the ranks compute: ``auto`` is one GPU per rank when there are GPUs (NCCL,
+    bf16 mixed precision), else the CPU (gloo)."""
+    offload: bool = False
+    """Keep the shards and the optimizer state in CPU memory between uses
+    (FSDP2's CPUOffloadPolicy): larger models for slower steps."""
+    timeout_s: float = Field(1800.0, gt=0.0)
+    """The longest one learner call (an update, a checkpoint) or collective may take
+    before the run fails instead of hanging."""

@@ -87,11 +87,21 @@ def _plain_head(model: Any) -> torch.nn.Linear | None:
     """The output layer when the logits are ``head(body(ids))`` and nothing else, so the
     body can be run alone (``model.<base_model_prefix>``); None otherwise."""
     config = getattr(model, "config", None)  # getattr: any module with the call convention
-    if getattr(config, "model_type", None) not in _PLAIN_HEAD:
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD or _sharded(model):
         return None
     head = model.get_output_embeddings()
     body = getattr(model, getattr(model, "base_model_prefix", ""), None)
     return head if isinstance(head, torch.nn.Linear) and body is not None else None
+
+
+def _sharded(model: Any) -> bool:
+    """Whether ``model`` is sharded by FSDP2 (stages.train.fsdp): only its root's forward
+    gathers the embedding and the output layer, so it runs whole (full logits)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _score_chunk(head: torch.nn.Linear, rows: torch.Tensor, targets: torch.Tensor,
@@ -195,7 +205,8 @@ def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
     k = _common_prefix(prompts)
     # transformers turns the cache off under gradient checkpointing in training mode
     recompute = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
-    if k < _MIN_SHARED or len(prompts) < 2 or recompute:
+    # a sharded model's ranks must run as many forwards as each other, whatever rows
+    if k < _MIN_SHARED or len(prompts) < 2 or recompute or _sharded(model):
         return 0, None
     shared = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True)
     cache = shared.past_key_values

@@ -15,7 +15,6 @@ so the accumulated gradient is the full-batch gradient.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,9 @@ from stages.train.batching import pack, padded
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.lora import LoraTraining
-from stages.train.loss import (Aggregation, RatioLevel, policy_loss, token_entropy,
-                               truncated_is_weights)
+from stages.train.loss import Aggregation, RatioLevel, policy_loss, token_entropy
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
+from stages.train.ranks import OneProcess, Ranks
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,9 @@ class GRPOLearner:
         self.reference: torch.nn.Module | None = None
         self.lora = lora
         """The LoRA adapter that trains instead of every weight (None: full training)."""
+        self.ranks: Ranks = OneProcess()
+        """The processes an update's rows are shared between (stages.train.ranks); a
+        sharded learner (stages.train.fsdp) sets its own."""
         self.optimizer = self._new_optimizer()
         self.device = next(policy.model.parameters()).device
         problem = bf16_problem(self.device) if spec.precision == "bf16" else None
@@ -163,7 +165,8 @@ class GRPOLearner:
         work.token_adv = loss_masks.token_advantages(batch, rows, row_adv,
                                                      [len(c) for c in completions], stage=label)
         if use_prox:
-            work.weights = self._is_weights(work, behaviour, off)
+            work.weights = work_rows.is_weights(work, behaviour, off,
+                                                float(spec.tis_cap))  # type: ignore[arg-type]
         n_tokens = sum(len(c) for c in completions)
         work.metrics = {"n_seqs": float(len(rows)), "n_tokens": float(n_tokens),
                         "loss_token_share": (float(sum(int(m.sum()) for m in masks)) / n_tokens
@@ -219,7 +222,7 @@ class GRPOLearner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
                                                    self.spec.max_grad_norm)
         self.optimizer.step()
-        return {"loss": total, "grad_norm": float(grad_norm), **stats}
+        return {"loss": total, "grad_norm": _scalar(grad_norm), **stats}
 
     def _accumulate(self, work: Work) -> tuple[float, dict[str, float]]:
         """Backward of every micro-batch; the loss and token-weighted statistics."""
@@ -228,18 +231,23 @@ class GRPOLearner:
         norm = work_rows.norm(work, spec.aggregation, spec.norm_tokens)
         total, n_all = 0.0, 0.0
         weighted: dict[str, float] = {}
-        for part in self._micro_batches(work):
+        rows = list(range(len(work.prompts)))
+        lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in rows]
+        for part in self.ranks.parts(rows, lengths, lambda r: self._micro_batches(work, r)):
+            if part is None:
+                self._idle(work)
+                continue
             new, mask, entropy = self._forward(work, part, grad=True)
             width = mask.shape[1]
             loss_mask = padded([work.masks[i] for i in part], width, dtype=torch.bool,
                                device=device)
             loss, stats = policy_loss(
                 new, padded([work.old[i] for i in part], width, device=device),
-                _advantages(work, part, width, device),
+                work_rows.advantages_of(work, part, width, device),
                 loss_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
                 aggregation=spec.aggregation, denominator=denominator, max_tokens=norm,
-                ratio_level=spec.ratio_level, is_weights=_rows(work.weights, part, width, device),
-                ref_logprobs=_rows(work.ref, part, width, device), kl_coef=spec.kl_coef,
+                ratio_level=spec.ratio_level, is_weights=work_rows.values_of(work.weights, part, width, device),
+                ref_logprobs=work_rows.values_of(work.ref, part, width, device), kl_coef=spec.kl_coef,
                 entropy=entropy, entropy_coef=spec.entropy_coef)
             loss.backward()
             total += loss.item()
@@ -247,7 +255,16 @@ class GRPOLearner:
             n_all += n
             for key, value in stats.items():
                 weighted[key] = weighted.get(key, 0.0) + value * n
-        return total, {k: v / max(n_all, 1.0) for k, v in weighted.items()}
+        sums = self.ranks.total({"loss": total, "n": n_all,
+                                 **{f"stat/{k}": v for k, v in weighted.items()}})
+        return sums["loss"], {k[5:]: v / max(sums["n"], 1.0) for k, v in sums.items()
+                              if k.startswith("stat/")}
+
+    def _idle(self, work: Work) -> None:
+        """A micro-batch of zero loss (a forward and backward of the first row times 0):
+        what a process with no rows left runs while the others train (stages.train.ranks)."""
+        new, mask, _ = self._forward(work, [0], grad=True, entropy=False)
+        (torch.where(mask, new, torch.zeros_like(new)).sum() * 0.0).backward()
 
     def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
         idx = list(range(len(work.prompts))) if subset is None else subset
@@ -303,30 +320,12 @@ class GRPOLearner:
                     ent[i] = h[j, :n].float().cpu().numpy()
         return prox, ent
 
-    def _is_weights(self, work: Work, behaviour: list[np.ndarray],
-                    off: np.ndarray) -> list[np.ndarray]:
-        """Truncated IS weights per row: min(pi_prox / pi_behav, cap) on off-policy rows,
-        exactly 1 on the others."""
-        out = [np.ones(len(m)) for m in work.masks]
-        picked = [i for i in range(len(off)) if off[i]]
-        if not picked:
-            return out
-        width = max(len(work.masks[i]) for i in picked)
-        weights, _ = truncated_is_weights(
-            padded([work.old[i] for i in picked], width),
-            padded([behaviour[i] for i in picked], width),
-            padded([work.masks[i] for i in picked], width, dtype=torch.bool),
-            float(self.spec.tis_cap))  # type: ignore[arg-type]
-        for j, i in enumerate(picked):
-            out[i] = weights[j, :len(work.masks[i])].double().numpy()
-        return out
-
     def _reference_logprobs(self, work: Work) -> list[np.ndarray]:
         """Logprobs of every row under the frozen reference (made at the first update;
         with LoRA the base itself, the adapter switched off)."""
         lora = self.lora if self.lora is not None and self.lora.active else None
         if self.reference is None and lora is None:
-            self.reference = _frozen_copy(self.policy.model)
+            self.reference = self.ranks.frozen_copy(self.policy.model)
         out: list[np.ndarray] = [np.zeros(0)] * len(work.prompts)
         for part in self._micro_batches(work):
             with lora.reference() if lora is not None else contextlib.nullcontext():
@@ -358,9 +357,8 @@ class GRPOLearner:
         self.updates = int(state["updates"])
         self.reference = None
         if state.get("reference") is not None:
-            self.reference = _frozen_copy(self.policy.model)
+            self.reference = self.ranks.frozen_copy(self.policy.model)
             self.reference.load_state_dict(state["reference"])
-
 
     # ------------------------------------------------------------------ LoRA weights
 
@@ -386,21 +384,11 @@ class GRPOLearner:
 # --------------------------------------------------------------------------- helpers
 
 
-def _advantages(work: Work, part: list[int], width: int, device: torch.device) -> torch.Tensor:
-    """The rows' advantages: [B] one per row, or [B, T] per token (per-turn credit)."""
-    if work.token_adv is not None:
-        return padded([work.token_adv[i] for i in part], width, device=device)
-    return torch.tensor([work.adv[i] for i in part], dtype=torch.float32, device=device)
+def _scalar(norm: torch.Tensor) -> float:
+    """The clipped-before norm as a float; a sharded model's is a replicated DTensor."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
 
-
-def _rows(values: list[np.ndarray] | None, part: list[int], width: int,
-          device: torch.device) -> torch.Tensor | None:
-    return None if values is None else padded([values[i] for i in part], width, device=device)
-
-
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+        if isinstance(norm, DTensor):
+            return float(norm.full_tensor())
+    return float(norm)

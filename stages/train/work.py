@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from gfcr.rollout import col
-from stages.train.loss import Aggregation
+from stages.train.batching import padded
+from stages.train.loss import Aggregation, truncated_is_weights
 
 
 @dataclass
@@ -92,3 +94,32 @@ def norm(work: Work, aggregation: Aggregation, norm_tokens: int | None) -> int |
     return norm_tokens or max(len(c) for c in work.completions)
 
 
+def is_weights(work: Work, behaviour: list[np.ndarray], off: np.ndarray,
+               cap: float) -> list[np.ndarray]:
+    """Truncated IS weights per row: min(pi_prox / pi_behav, ``cap``) on off-policy rows
+    (``work.old`` holds their proximal logprobs), exactly 1 on the others."""
+    out = [np.ones(len(m)) for m in work.masks]
+    picked = [i for i in range(len(off)) if off[i]]
+    if not picked:
+        return out
+    width = max(len(work.masks[i]) for i in picked)
+    weights, _ = truncated_is_weights(
+        padded([work.old[i] for i in picked], width),
+        padded([behaviour[i] for i in picked], width),
+        padded([work.masks[i] for i in picked], width, dtype=torch.bool), cap)
+    for j, i in enumerate(picked):
+        out[i] = weights[j, :len(work.masks[i])].double().numpy()
+    return out
+
+
+def advantages_of(work: Work, part: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """The rows' advantages: [B] one per row, or [B, T] per token (per-turn credit)."""
+    if work.token_adv is not None:
+        return padded([work.token_adv[i] for i in part], width, device=device)
+    return torch.tensor([work.adv[i] for i in part], dtype=torch.float32, device=device)
+
+
+def values_of(values: list[np.ndarray] | None, part: list[int], width: int,
+              device: torch.device) -> torch.Tensor | None:
+    """The rows' per-token values (IS weights, reference logprobs), padded; None: none."""
+    return None if values is None else padded([values[i] for i in part], width, device=device)
