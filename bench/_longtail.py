@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.stage import Spec, register
+from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
+from gfcr.core.stage import Spec, register
 from stages import SFT, TinyLlama
 
 CHARS = "abcdefgh"

@@ -18,7 +18,7 @@ baseline run, whose own step-to-step variation (a bare step's median moved by 20
 between runs here) swamped a 5% difference. Two clocks: ``wall`` (the step's time, what
 a user waits: background work on a spare core costs it nothing) and ``process`` (CPU
 seconds of this process, all threads: work moved to a background thread counts in full;
-a stage's CPU is its thread's plus its helpers' (gfcr.helper); torch runs one thread).
+a stage's CPU is its thread's plus its helpers' (gfcr.runner.helper); torch runs one thread).
 
 What the stage clock cannot see is the runtime slowing the stages down (the GIL, caches).
 A *bare* run of the same steps (the loop called in-process: no Prefect, store or MLflow)
@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gfcr.cli import quiet_prefect
-from gfcr.inprocess import local_services
-from gfcr.loop import Runtime, run_step
-from gfcr.pipeline import Pipeline
-from gfcr.run import MemoryStash, execute
+from gfcr.core.pipeline import Pipeline
+from gfcr.launch.run import MemoryStash, execute
+from gfcr.runner.inprocess import local_services
+from gfcr.runner.loop import Runtime, run_step
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter,
                                           "process": time.process_time}
@@ -58,7 +58,7 @@ def _stat(path: Path) -> tuple[int, float]:
 
 STEP_THREADS = "step thread and its helpers"
 """The main thread, which runs the loop and the stages, and the helper threads stages
-hand calls to (gfcr.helper), whose CPU the stage clock charges to the stage."""
+hand calls to (gfcr.runner.helper), whose CPU the stage clock charges to the stage."""
 
 
 def thread_cpu() -> dict[str, float]:
@@ -186,7 +186,7 @@ def runtime_overhead(pipeline: Pipeline, *, steps: int = 12, clock: str = "wall"
     figures, the runtime's CPU by thread, the work inflation against a bare run, the
     Prefect server's CPU per step and the pipeline measured. The warm start is shared
     with ``gfcr run`` through ``cache`` (trained there once if missing)."""
-    from gfcr.tracking import MlflowHook
+    from gfcr.runner.tracking import MlflowHook
 
     quiet_prefect()  # as `gfcr run` runs it
     pipeline = pipeline.with_overrides([f"steps={steps}"])

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from gfcr import Pipeline, Spec, register
-from gfcr.loading import load
-from gfcr.run import execute
+from gfcr.core.loading import load
+from gfcr.launch.run import execute
 from stages import SFT
 
 

@@ -1,6 +1,6 @@
 """A discrete-event model of one trainer and W GPU engine servers (bench/scale.py).
 
-Each step's batch is split into W shares, one per server (gfcr.fleet splits a step's
+Each step's batch is split into W shares, one per server (gfcr.transport.fleet splits a step's
 requests across its servers by group; the Prefect engine-worker path this model first
 described sent a step's whole batch to one worker, so its 64-worker figures modelled a
 dispatcher that did not exist). A fleet sends every request at once: its ``delay_s`` is

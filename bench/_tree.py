@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from gfcr.loading import load
-from gfcr.rollout import col
-from gfcr.stage import StepContext
+from gfcr.core.loading import load
+from gfcr.core.rollout import col
+from gfcr.core.stage import StepContext
 from stages import GroupSample, TreeRollout
 from stages.generate.tree import BRANCH_POS
 

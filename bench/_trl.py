@@ -19,7 +19,7 @@ from typing import Any
 def _warm_policy(args: Any) -> tuple[Any, Any, Any, str]:
     """(policy, task, pipeline, system message): the smol pipeline's policy after its
     cached warm start (seed 0, the file bench/real_model.py's gfcr runs use)."""
-    from gfcr.loading import load
+    from gfcr.core.loading import load
 
     pipeline = load("smol").with_overrides([f"policy.root={args.models}"])
     policy = pipeline.policy.build(seed=0)

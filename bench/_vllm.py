@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gfcr.engine import GenRequest, SamplingParams
+from gfcr.core.engine import GenRequest, SamplingParams
 from stages.engines.hf import HF
 from stages.engines.tiny import TinyLlama
 from stages.engines.vllm import VLLM
@@ -110,8 +110,8 @@ def vllm_vs_hf(spec: TinyLlama, prompts: list[str], *, new_tokens: int, repeats:
 
 def step_seconds(steps: int, root: Path) -> dict[str, float]:
     """Median step time of the default pipeline (no warm start) on each engine."""
-    from gfcr.loading import load
-    from gfcr.run import execute
+    from gfcr.core.loading import load
+    from gfcr.launch.run import execute
 
     out: dict[str, float] = {}
     for engine in ("hf", "vllm"):

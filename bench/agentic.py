@@ -35,10 +35,10 @@ _runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_runs)
 
 from gfcr import Pipeline  # noqa: E402
-from gfcr.checkpoint import directory, latest  # noqa: E402
-from gfcr.loading import load  # noqa: E402
-from gfcr.run import execute  # noqa: E402
-from gfcr.stage import StepContext  # noqa: E402
+from gfcr.core.loading import load  # noqa: E402
+from gfcr.core.stage import StepContext  # noqa: E402
+from gfcr.launch.run import execute  # noqa: E402
+from gfcr.runner.checkpoint import directory, latest  # noqa: E402
 from stages import HF, Episodes  # noqa: E402
 
 ENGINES = {"hf": [], "vllm": ["engine=vllm"]}

@@ -3,7 +3,7 @@
 One run of each, same pipeline and seed, in this process with no engine worker (the
 executor "local"): with k = 1 the engine generates step t+1's round-0 batch on its own
 thread, with its own copy of the weights, while step t scores, trains and commits
-(gfcr.rounds, gfcr.inprocess). Steps per second are counted over steps 1.. (step 0 has
+(gfcr.runner.rounds, gfcr.runner.inprocess). Steps per second are counted over steps 1.. (step 0 has
 nothing ahead of it); the table also gives each setup's mean time in the generate and
 train stages per step, which bound what overlap can gain: at best a step takes
 max(generate, the rest) instead of their sum.
@@ -34,7 +34,7 @@ def _pipeline(steps: int, k: int) -> Any:
 
 
 def _measure(steps: int, k: int) -> dict[str, float]:
-    from gfcr.run import execute
+    from gfcr.launch.run import execute
 
     with TemporaryDirectory() as root:
         summary = execute(_pipeline(steps, k), root=root, executor="local", run_id=f"k{k}")

@@ -50,10 +50,10 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 import torch  # noqa: E402
 
 from gfcr import Evaluation, Pipeline  # noqa: E402
-from gfcr.inprocess import local_services  # noqa: E402
-from gfcr.loop import Runtime, run_step  # noqa: E402
-from gfcr.runtime import Record  # noqa: E402
-from gfcr.run import MemoryStash, execute  # noqa: E402
+from gfcr.launch.run import MemoryStash, execute  # noqa: E402
+from gfcr.runner.inprocess import local_services  # noqa: E402
+from gfcr.runner.loop import Runtime, run_step  # noqa: E402
+from gfcr.runner.runtime import Record  # noqa: E402
 from stages import (GRPO, HF, ActivePartialRollouts, GroupSample, OnlinePrune,  # noqa: E402
                     RecyclePartials, TokenBudget, UniformSampler, Verify)
 from stages.replay.recycle import recycle_counts  # noqa: E402

@@ -49,7 +49,7 @@ _spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name
 _runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_runs)
 
-from gfcr.loading import load  # noqa: E402
+from gfcr.core.loading import load  # noqa: E402
 
 CONFIGS = {"grpo": "default", "rollout_replay": "rollout_replay", "dots_rr": "dots_rr",
            "insight": "insight", "vade": "vade"}

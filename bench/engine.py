@@ -46,8 +46,8 @@ runtime_overhead = _overhead.runtime_overhead
 _vspec = importlib.util.spec_from_file_location("_vllm_bench", _HERE / "_vllm.py")
 _vllm = importlib.util.module_from_spec(_vspec)
 
-from gfcr.engine import GenRequest, SamplingParams
-from gfcr.loading import load
+from gfcr.core.engine import GenRequest, SamplingParams
+from gfcr.core.loading import load
 from stages.engines.hf import HF
 from stages.engines.tiny import TinyLlama
 

@@ -32,7 +32,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from bench.store import rollouts  # noqa: E402
-from gfcr.rollout import col  # noqa: E402
+from gfcr.core.rollout import col  # noqa: E402
 from stages.control.quality import recent_rollouts  # noqa: E402
 from stages.replay import _reads  # noqa: E402
 from stages.replay.gdro import step_losses  # noqa: E402

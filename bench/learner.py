@@ -8,7 +8,7 @@ Figures (one run, same batch, same initial weights):
 
 - ``fsdp2_vs_single``: learner tokens per second (prompt + completion tokens of the rows
   trained on, per second of ``Learner.update`` as the loop calls it), 2 FSDP2 processes
-  over gloo (gfcr.sharded) over the GRPO learner in this process; median of the timed
+  over gloo (gfcr.transport.sharded) over the GRPO learner in this process; median of the timed
   updates after one warm-up. The sharded update includes what the loop pays for it:
   sending the batch, gathering the full weights to rank 0 and writing the version file.
   Each rank runs one torch thread (torchrun's OMP_NUM_THREADS=1), and so does the single
@@ -52,8 +52,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from bench._config_llama import SMOLLM2, ConfigLlama  # noqa: E402
-from gfcr.sharded import Setup, ShardedLearner  # noqa: E402
-from gfcr.stage import StepContext  # noqa: E402
+from gfcr.core.stage import StepContext  # noqa: E402
+from gfcr.transport.sharded import Setup, ShardedLearner  # noqa: E402
 from stages.engines.hf import batch_token_logprobs  # noqa: E402
 from stages.train.grpo import GRPO  # noqa: E402
 

@@ -85,7 +85,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
     from gfcr import Pipeline
-    from gfcr.loading import load
+    from gfcr.core.loading import load
     from stages import SFT
 
     shared = _sibling("_runs").SharedWarmStart  # registers the warm-start type
@@ -107,7 +107,7 @@ def _pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
 
 def run_gfcr(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     """One seed of the smol pipeline on ``engine``, in this process."""
-    from gfcr.run import execute
+    from gfcr.launch.run import execute
 
     pipeline = _pipeline(args, engine, args.seed)
     started = time.perf_counter()
@@ -132,8 +132,8 @@ def run_generate(args: argparse.Namespace) -> dict[str, Any]:
     stopping a row at EOS: tokens per second and peak resident memory."""
     import torch
 
-    from gfcr.engine import GenRequest, SamplingParams, encode_prompt
-    from gfcr.loading import load
+    from gfcr.core.engine import GenRequest, SamplingParams, encode_prompt
+    from gfcr.core.loading import load
     from stages.train.memory import PeakMemory
 
     pipeline = load("smol").with_overrides([f"policy.root={args.models}"])

@@ -58,7 +58,7 @@ def _pipeline(steps: int) -> Any:
 
 def _run(root: Path, steps: int, urls: tuple[str, ...] | None) -> dict[str, Any]:
     from gfcr import execute
-    from gfcr.fleet import Fleet
+    from gfcr.transport.fleet import Fleet
 
     fleet = Fleet(urls=urls) if urls else None
     summary = execute(_pipeline(steps), root=root, executor="local", generate_pool=fleet)

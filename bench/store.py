@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from gfcr.rollout import ROLLOUT_SCHEMA, col  # noqa: E402
+from gfcr.core.rollout import ROLLOUT_SCHEMA, col  # noqa: E402
 from store import RolloutStore  # noqa: E402
 from store.history import History  # noqa: E402
 

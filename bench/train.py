@@ -9,7 +9,7 @@ Figures:
 
 - ``default_step_share``: a few steps of the default pipeline (``pipelines/default.py``,
   from its cached SFT warm start, trained here once if missing) run in-process through
-  ``gfcr.loop.run_step`` with a plain call per stage (no Prefect, store or tracking); each
+  ``gfcr.runner.loop.run_step`` with a plain call per stage (no Prefect, store or tracking); each
   stage call is timed and booked to its kind: ``train`` (the GRPO update, with the
   engine's weight refresh), ``generate``, ``filter`` (Verify, DynamicSampling) and
   ``other`` (prompt selection and the loop's own work: the step time minus the stage
@@ -65,12 +65,12 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
-from gfcr.inprocess import local_services  # noqa: E402
-from gfcr.loop import Runtime, run_step  # noqa: E402
-from gfcr.pipeline import Pipeline
-from gfcr.loading import load  # noqa: E402
-from gfcr.rollout import col  # noqa: E402
-from gfcr.stash import MemoryStash  # noqa: E402
+from gfcr.core.loading import load  # noqa: E402
+from gfcr.core.pipeline import Pipeline
+from gfcr.core.rollout import col  # noqa: E402
+from gfcr.runner.inprocess import local_services  # noqa: E402
+from gfcr.runner.loop import Runtime, run_step  # noqa: E402
+from gfcr.runner.stash import MemoryStash  # noqa: E402
 from stages.engines.hf import batch_token_logprobs  # noqa: E402
 from stages.engines.tiny import TinyLlama  # noqa: E402
 

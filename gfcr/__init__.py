@@ -12,30 +12,30 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gfcr.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
-                             SamplingParams, Tokenizer)
-    from gfcr.environment import Environment, Message, Step, Tool, register_env
-    from gfcr.loading import load
-    from gfcr.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
-                               PipelineError)
-    from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
-    from gfcr.run import RunSummary, execute
-    from gfcr.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
-    from gfcr.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
-                            register)
+    from gfcr.core.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
+                                  SamplingParams, Tokenizer)
+    from gfcr.core.environment import Environment, Message, Step, Tool, register_env
+    from gfcr.core.loading import load
+    from gfcr.core.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
+                                    PipelineError)
+    from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
+    from gfcr.core.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
+    from gfcr.core.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
+                                 register)
+    from gfcr.launch.run import RunSummary, execute
 
 _WHERE = {
-    "gfcr.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
+    "gfcr.core.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
                     "SamplingParams", "Tokenizer"),
-    "gfcr.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
-    "gfcr.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
+    "gfcr.core.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
+    "gfcr.core.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
                       "PipelineError"),
-    "gfcr.loading": ("load",),
-    "gfcr.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
-    "gfcr.run": ("RunSummary", "execute"),
-    "gfcr.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
+    "gfcr.core.loading": ("load",),
+    "gfcr.core.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
+    "gfcr.launch.run": ("RunSummary", "execute"),
+    "gfcr.core.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
                       "WeightSync"),
-    "gfcr.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",
+    "gfcr.core.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",
                    "register"),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr import cli_deploy, cli_model, cli_store, cli_workers
+from gfcr.commands import (deploy as cli_deploy, model as cli_model, store as cli_store,
+                           workers as cli_workers)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -31,7 +32,7 @@ def quiet_prefect(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    # the console shows gfcr's own progress and errors (gfcr.cli_errors); Prefect's lines
+    # the console shows gfcr's own progress and errors (gfcr.commands.errors); Prefect's lines
     # (a failed task's traceback, once per retry) only with --verbose or --debug
     if not verbose and os.environ.get("GFCR_DEBUG") != "1":
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
@@ -69,15 +70,15 @@ def run(
 
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
-    from gfcr import cli_run
-    from gfcr.cancel import RunCancelled
-    from gfcr.flow import RunRequest
-    from gfcr.cli_errors import explain
-    from gfcr.exits import RunExited
-    from gfcr.names import UnsafeName
-    from gfcr.resume import ResumeError
-    from gfcr.run import new_run_id
-    from gfcr.storage import backend
+    from gfcr.commands import run as cli_run
+    from gfcr.commands.errors import explain
+    from gfcr.commands.exits import RunExited
+    from gfcr.core.names import UnsafeName
+    from gfcr.core.storage import backend
+    from gfcr.launch.flow import RunRequest
+    from gfcr.launch.run import new_run_id
+    from gfcr.runner.cancel import RunCancelled
+    from gfcr.runner.resume import ResumeError
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
@@ -85,7 +86,7 @@ def run(
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_pool=generate_pool,
                          generate_timeout=generate_timeout, score_pool=score_pool, fleet=fleet)
-    from gfcr.progress import ProgressBars
+    from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
         summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
@@ -111,11 +112,11 @@ def run(
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
               resume: Optional[str], root: Path, store: Optional[str], executor: str) -> Any:
     """The pipeline ``gfcr run`` runs, with its overrides; a clear error otherwise."""
-    from gfcr.executors import named
-    from gfcr.names import UnsafeName, check_run_id
-    from gfcr.pipeline import PipelineError
-    from gfcr.loading import load
-    from gfcr.resume import ResumeError
+    from gfcr.core.loading import load
+    from gfcr.core.names import UnsafeName, check_run_id
+    from gfcr.core.pipeline import PipelineError
+    from gfcr.runner.resume import ResumeError
+    from gfcr.transport.executors import named
 
     try:
         if resume:
@@ -132,8 +133,8 @@ def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
 
 def _resumed_pipeline(root: Path, store: Optional[str], run_id: str) -> Any:
     """The stored pipeline of ``run_id`` (which must exist) in the store."""
-    from gfcr.resume import stored_pipeline
-    from gfcr.storage import backend
+    from gfcr.core.storage import backend
+    from gfcr.runner.resume import stored_pipeline
 
     lake = backend()
     try:
@@ -157,8 +158,8 @@ def sql(
 ) -> None:
     """Query the rollout store (tables rollouts, steps, runs and the shipped views), or open
     a DuckDB session on it (--duckdb, --ui)."""
-    from gfcr.cli_sql import QueryFailed, check_format, print_table
-    from gfcr.cli_sql import query as run_query
+    from gfcr.commands.sql import QueryFailed, check_format, print_table
+    from gfcr.commands.sql import query as run_query
 
     where = store or root / "store"
     if duckdb or ui:
@@ -185,8 +186,8 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
     """List the runs in the store (a run whose process died shows as crashed), with each
     one's Prefect state when PREFECT_API_URL is set (a crashed run's flow run that Prefect
     still shows running is set to Crashed)."""
-    from gfcr.cli_sql import QueryFailed, check_format, print_table, runs_table
-    from gfcr.runs_view import with_prefect
+    from gfcr.commands.runs_view import with_prefect
+    from gfcr.commands.sql import QueryFailed, check_format, print_table, runs_table
 
     try:
         check_format(fmt)
@@ -233,7 +234,7 @@ def replay_what_if(
     would change (nothing is generated, nothing is written)."""
     from importlib.metadata import entry_points
 
-    from gfcr.storage import backend
+    from gfcr.core.storage import backend
 
     lake = backend()
     stages = [_filter_stage(text) for text in filters]
@@ -256,8 +257,8 @@ def _filter_stage(text: str) -> Any:
     """A filter stage config from ``--filter`` text, through the stage registry."""
     from pydantic import ValidationError
 
-    from gfcr import yamlfile
-    from gfcr.stage import lookup
+    from gfcr.core import yamlfile
+    from gfcr.core.stage import lookup
 
     path = Path(text)
     try:
@@ -307,7 +308,7 @@ def _print_what_if(report: Any) -> None:
 
 
 def _register_stages() -> None:
-    from gfcr.cli_stages import stages
+    from gfcr.commands.stages import stages
     app.command("stages")(stages)
 
 
@@ -317,8 +318,8 @@ _register_stages()
 @app.command()
 def show(pipeline: str = typer.Argument("default")) -> None:
     """Print a pipeline as YAML (validated), with its spec hash."""
-    from gfcr.pipeline import PipelineError
-    from gfcr.loading import load
+    from gfcr.core.loading import load
+    from gfcr.core.pipeline import PipelineError
 
     try:
         spec = load(pipeline)
@@ -353,13 +354,13 @@ def _print_summary(s: Any) -> None:
               f"WHERE run_id = '{s.run_id}' GROUP BY ALL ORDER BY step\"")
 
 
-from gfcr import cli_report  # noqa: E402 (report, doctor; sql --duckdb)
+from gfcr.commands import report as cli_report  # noqa: E402 (report, doctor; sql --duckdb)
 
 cli_report.register(app)
 
 
 def main() -> None:
-    from gfcr.cli_guard import guarded
+    from gfcr.commands.guard import guarded
 
     guarded(app)
 

@@ -9,7 +9,7 @@ name the store and run they came from in the extra column ``replay_source``. Poi
 """
 
 from gfcr import Pipeline
-from gfcr.row_filter import RowFilter
+from gfcr.core.row_filter import RowFilter
 from stages import (GRPO, CrossRunReplay, DynamicSampling, GroupSample, UniformSampler,
                     Verify)
 from pipelines.default import LR, SETUP

@@ -53,7 +53,7 @@ spread that summing or reordering a few float64 terms can produce by rounding al
 
 MAX_REWARD = float(np.finfo(np.float64).max) / 4
 """Largest reward magnitude taken: ``r - baseline`` of rewards within it fits a float64
-(the loop clips rewards to the pipeline's ``reward_range`` long before, gfcr.rewards)."""
+(the loop clips rewards to the pipeline's ``reward_range`` long before, gfcr.runner.rewards)."""
 
 MAD_EPS = 1e-3
 """Added to the median absolute deviation by ``mc_grpo(scale="mad")`` (the MC-GRPO

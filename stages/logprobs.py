@@ -4,7 +4,7 @@ tokens), the trainer (stages.train.forward) and the tree's branch points
 (stages.generate._policy). Kept outside every kind's folder, like stages.advantages, so
 they import it and not each other.
 
-The convention (gfcr.engine): a token's logprob is ``log_softmax(logits / T)`` at its
+The convention (gfcr.core.engine): a token's logprob is ``log_softmax(logits / T)`` at its
 position, of the raw logits for ``T == 0``, in float32; padding positions hold 0 with
 ``mask`` false. The prompts' longest common token prefix is run once and its KV cache
 repeated over the batch (the shared-prefix forward of "Prefix Grouper", 2025) when that

@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 
 from . import _tables
 from ._duck import Catalog, scalar

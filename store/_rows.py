@@ -1,4 +1,4 @@
-"""A :class:`gfcr.row_filter.RowFilter` as a DuckDB query: the WHERE clause, its bound
+"""A :class:`gfcr.core.row_filter.RowFilter` as a DuckDB query: the WHERE clause, its bound
 parameters, the projection, the order and the limit, so the scan of the Parquet files
 skips what the reader does not want. Values are only ever bound parameters; the SQL
 text holds column names (checked against the table's, then quoted) and fixed operators.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gfcr.row_filter import ASCENDING, DESCENDING, Order, RowFilter
+from gfcr.core.row_filter import ASCENDING, DESCENDING, Order, RowFilter
 
 from ._duck import quote_ident
 

@@ -1,6 +1,6 @@
 """The lake's tables: their Arrow schemas, their DDL, and schema evolution.
 
-``rollouts`` is ``gfcr.rollout.ROLLOUT_SCHEMA`` (declared there, once); its DuckDB column
+``rollouts`` is ``gfcr.core.rollout.ROLLOUT_SCHEMA`` (declared there, once); its DuckDB column
 types are derived from the Arrow schema by DuckDB itself, so the two cannot drift.
 ``steps`` and ``runs`` belong to the store and are declared here.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError
+from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError
 
 from ._duck import quote_ident, rollback, with_retry
 from ._location import StoreError

@@ -1,6 +1,6 @@
 """Checks a step's rollouts pass before anything is written.
 
-``gfcr.rollout.conform`` fixes the schema (and raises ``SchemaError`` naming each bad
+``gfcr.core.rollout.conform`` fixes the schema (and raises ``SchemaError`` naming each bad
 column); the checks here are about values the schema cannot express: rewards must be
 finite, and every row must belong to the (run, step) being committed, since a row filed
 under another step would break exactly-once accounting.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.rollout import col, conform
+from gfcr.core.rollout import col, conform
 
 
 def batch(rollouts: pa.Table, run_id: str, step: int) -> pa.Table:

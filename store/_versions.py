@@ -19,9 +19,9 @@ and is version 1. Opening a store:
 Versions:
 
 1. the store as gfcr wrote it before versions were recorded;
-2. ``rollouts.turns`` (``gfcr.rollout.TURN_TYPE``): the trajectory as turns. Rows stored
+2. ``rollouts.turns`` (``gfcr.core.rollout.TURN_TYPE``): the trajectory as turns. Rows stored
    before keep a null ``turns``; every reader derives their single-turn form
-   (``gfcr.rollout.conform``, the ``turns`` view).
+   (``gfcr.core.rollout.conform``, the ``turns`` view).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from gfcr.rollout import ROLLOUT_SCHEMA, col
+from gfcr.core.rollout import ROLLOUT_SCHEMA, col
 
 from ._duck import quote_ident, rollback
 from ._location import StoreError

@@ -1,4 +1,4 @@
-"""The DuckLake store as a gfcr store backend (gfcr.storage.StoreBackend), registered
+"""The DuckLake store as a gfcr store backend (gfcr.core.storage.StoreBackend), registered
 under the ``gfcr.store`` entry point ``lake``: how the runtime opens this package's
 stores without importing it."""
 
@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from gfcr.storage import StoreBackend
+from gfcr.core.storage import StoreBackend
 
 from ._guard import ReadOnlyError
 from ._location import StoreError, resolve

@@ -7,7 +7,7 @@ and since every commit is one snapshot, a run resumed after a crash reads exactl
 rows — and so draws exactly the prompts — that the original run did, even if other runs
 have committed since.
 
-Stages read rows with ``rows(filter, columns=...)``: a typed ``gfcr.row_filter.RowFilter``
+Stages read rows with ``rows(filter, columns=...)``: a typed ``gfcr.core.row_filter.RowFilter``
 that becomes a WHERE clause with bound parameters (``store._rows``), so the conditions
 and the projection reach the Parquet scan; each stage aggregates what it reads itself,
 in Arrow. The per-prompt and per-step numbers come from the shipped views
@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.row_filter import EVERY_ROW, Order, RowFilter
+from gfcr.core.row_filter import EVERY_ROW, Order, RowFilter
 
 from . import _rows
 from ._location import StoreError
@@ -58,7 +58,7 @@ class History:
     ``as_of_step`` needs ``run_id`` and pins the snapshot that committed that step;
     ``as_of_snapshot`` pins a DuckLake snapshot id directly. Neither: the live store.
     ``rows``, ``prompt_stats`` and ``step_metrics`` are the reads stages have
-    (gfcr.storage.History); ``group_stats`` and ``lineage`` read the shipped views of the
+    (gfcr.core.storage.History); ``group_stats`` and ``lineage`` read the shipped views of the
     same name for tools and tests.
     """
 
@@ -143,7 +143,7 @@ class History:
         extra column the store has), by ``order_by``, at most ``limit``. The filter, the
         projection and the limit run in DuckDB, on the Parquet scan."""
         if not isinstance(filter, RowFilter):
-            raise TypeError(f"rows: filter must be a gfcr.row_filter.RowFilter, not "
+            raise TypeError(f"rows: filter must be a gfcr.core.row_filter.RowFilter, not "
                             f"{type(filter).__name__} (the store takes no SQL conditions)")
         have = self._columns() if columns is not None or order_by else ()
         sql, params = _rows.query(f"lake.rollouts{self._at()}", filter, run_id=self.run_id,

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.rollout import col, with_turns
+from gfcr.core.rollout import col, with_turns
 
 from . import _catalog, _commit, _tables, _validate, _versions
 from ._duck import Catalog, connect, rollback, scalar, with_retry
@@ -250,7 +250,7 @@ class RolloutStore:
     def read_rollouts(self, where: str | None = None, params: list[Any] | None = None) -> pa.Table:
         """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns);
         rows stored before the store had turns (schema version 1) get their single-turn
-        form (gfcr.rollout.with_turns)."""
+        form (gfcr.core.rollout.with_turns)."""
         query = "SELECT * FROM rollouts" + (f" WHERE {where}" if where else "")
         if len(check_read_only(query)) != 1:
             raise ValueError(f"where clause {where!r} must not contain several statements")

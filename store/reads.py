@@ -1,4 +1,4 @@
-"""The store's named reads of its runs (gfcr.storage.RunReads): what ``gfcr runs``, the
+"""The store's named reads of its runs (gfcr.core.storage.RunReads): what ``gfcr runs``, the
 report, the doctor, resume and the tracker read, with the SQL here, store-side.
 
 Every read is read-only, through the store's read connection, with its values bound as
@@ -23,7 +23,7 @@ _KIND = ("CASE WHEN NOT kept THEN 'dropped' WHEN reward >= 1 THEN 'right' "
 
 
 class RunReads:
-    """Named reads of ``store``'s runs; see gfcr.storage.RunReads for each contract."""
+    """Named reads of ``store``'s runs; see gfcr.core.storage.RunReads for each contract."""
 
     def __init__(self, store: RolloutStore):
         self.store = store

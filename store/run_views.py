@@ -4,7 +4,7 @@ over ``rollouts`` and ``steps``, declared once here, store-side.
 Each is a query with one bound parameter, ``$run`` (the run id), that aggregates in
 DuckDB, so a run of a million rollouts is read in seconds and only the aggregates leave
 the database. gfcr reaches them by name through ``StoreBackend.reads`` (the ``RunReads``
-protocol in gfcr.storage; ``store.reads`` implements it) and holds no SQL itself.
+protocol in gfcr.core.storage; ``store.reads`` implements it) and holds no SQL itself.
 
 - ``report_steps``: per step, the row count, kept share, length mean and p95, truncated
   share, reward and pass rate of fresh (original) rows, scorer-failure and timeout
@@ -33,7 +33,7 @@ Two reads of multi-turn episodes depend on a column only multi-turn stages write
 
 from __future__ import annotations
 
-from gfcr.rollout import SCORER_FAILED_SQL
+from gfcr.core.rollout import SCORER_FAILED_SQL
 
 _REPORT_STEPS = """
 SELECT step,

@@ -6,7 +6,7 @@ extension loaded from the files the ``duckdb-extension-*`` packages ship (offlin
 sqlite one must be loaded under the name ``sqlite_scanner``, which ``store._duck`` links it
 as), the catalog attached read-only, and the shipped views (``group_stats``,
 ``prompt_history``, ...) created over it. gfcr reaches it through the store backend
-(gfcr.storage.StoreBackend.duckdb_script).
+(gfcr.core.storage.StoreBackend.duckdb_script).
 """
 
 from __future__ import annotations

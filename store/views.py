@@ -24,14 +24,14 @@ Definitions (the numbers replay and curriculum stages act on):
 - ``step_metrics``: the ``steps`` table.
 - ``lineage``: per rollout, its parent, who dropped it and why, the step whose update
   consumed it and how often it was replayed.
-- ``turns``: one row per turn of each rollout (``gfcr.rollout.TURN_TYPE``): ``run_id``,
+- ``turns``: one row per turn of each rollout (``gfcr.core.rollout.TURN_TYPE``): ``run_id``,
   ``step``, ``rollout_id``, ``turn`` (0-based), ``role``, ``source``, ``n_tokens``,
   ``n_loss_tokens`` (tokens in the loss: its mask's true entries, 0 for a turn without
   a mask), ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and
   ``logprob_sum`` (the sum of the turn's behaviour log-probabilities; null for a turn
   without any, an environment's or a tool's). Rows stored before the store had turns
   (schema version 1) are shown in their single-turn form, derived from ``prompt_ids``,
-  ``completion_ids``, ``logprobs`` and ``hint_tokens`` as ``gfcr.rollout.single_turns``
+  ``completion_ids``, ``logprobs`` and ``hint_tokens`` as ``gfcr.core.rollout.single_turns``
   derives it, so the view reads every version's rows alike.
 """
 

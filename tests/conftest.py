@@ -54,9 +54,9 @@ def prefect_server():
 
 @pytest.fixture(scope="session")
 def pool_key(tmp_path_factory: pytest.TempPathFactory):
-    """A pool key (gfcr.remote.keys) that this process's runs and the engine workers it
+    """A pool key (gfcr.transport.remote.keys) that this process's runs and the engine workers it
     starts (which inherit the environment) sign and check calls with."""
-    from gfcr.remote.keys import KEY_ENV, new_key
+    from gfcr.transport.remote.keys import KEY_ENV, new_key
 
     path = new_key(tmp_path_factory.mktemp("pool-key") / "pool.key")
     before = os.environ.get(KEY_ENV)

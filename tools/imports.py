@@ -2,10 +2,11 @@
 
 Usage: ``python tools/imports.py [--modules] [--strict]``. Every import counts:
 top-level ones, lazy ones inside functions, and those under ``TYPE_CHECKING``, since each
-is a dependency a reader has to follow. The graph is printed between packages (``gfcr``,
-``store``, each ``stages.<kind>`` and the shared ``stages.<module>``), or between modules
-with ``--modules``. Cycles are searched among modules (Tarjan's strongly connected
-components) and among packages, and listed. The exit status is 1 on a module cycle, and
+is a dependency a reader has to follow. The graph is printed between packages (each
+``gfcr.<subpackage>`` or top-level module of gfcr, ``store``, each ``stages.<kind>`` and
+the shared ``stages.<module>``), or between modules with ``--modules``. Cycles are
+searched among modules (Tarjan's strongly connected components) and among packages, and
+listed. The exit status is 1 on a module cycle, and
 with ``--strict`` on a package cycle too. CI runs it (.ci/run).
 """
 
@@ -96,7 +97,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def group(name: str) -> str:
     parts = name.split(".")
-    return ".".join(parts[:2]) if parts[0] == "stages" and len(parts) > 1 else parts[0]
+    if parts[0] in ("stages", "gfcr") and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
 
 
 def main(argv: list[str]) -> int:

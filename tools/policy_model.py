@@ -1,11 +1,11 @@
 """The weights' owner, checked: no module outside the engines and the learner reaches
 into the policy's model.
 
-The learner owns the policy (gfcr.services.Learner); weights leave it only as handles
+The learner owns the policy (gfcr.core.services.Learner); weights leave it only as handles
 that generators load. So ``<something policy>.model`` (``policy.model``,
 ``self._policy.model``, ``engine.policy.model``) may appear only in the engines
 (``stages/engines/``) and the learner and warm start (``stages/train/``); the Policy's
-own methods (gfcr.engine.Policy) use ``self.model``, which is not such a reach.
+own methods (gfcr.core.engine.Policy) use ``self.model``, which is not such a reach.
 
 Usage: ``python tools/policy_model.py``; exit status 1 naming each reach (file:line).
 CI runs it (.ci/run). Benchmarks and tests are harnesses and are not checked.
@@ -48,7 +48,7 @@ def problems(root: Path = ROOT) -> list[str]:
                 continue
             found += [f"{relative}:{line}: reaches into the policy's model; only the "
                       f"engines ({OWNERS[0]}) and the learner ({OWNERS[1]}) may: move "
-                      "weights as gfcr.services.WeightHandle values"
+                      "weights as gfcr.core.services.WeightHandle values"
                       for line in reaches(path)]
     return found
 

@@ -1,6 +1,6 @@
 """FSDP2 on the lent GPU: the largest config-built Llama that trains with bf16 mixed
 precision and fp32 AdamW, its tokens per second and peak memory, and the time to gather
-its full state dict to CPU (what the sharded learner, gfcr.sharded, pays once per weight
+its full state dict to CPU (what the sharded learner, gfcr.transport.sharded, pays once per weight
 version to publish the weights).
 
     torchrun --nproc-per-node 1 bench/gpu/fsdp2.py --out $OUT/fsdp2.json

@@ -36,7 +36,7 @@ def open_store(store_uri: str | os.PathLike[str]) -> Any:
     shipped views cannot bind, raises ReportError saying so (StoreError: no store there)."""
     import duckdb
 
-    from gfcr.storage import backend
+    from gfcr.core.storage import backend
 
     try:
         return backend().open(store_uri, read_only=True, create=False)

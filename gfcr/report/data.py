@@ -1,7 +1,7 @@
 """What a report or a diagnosis reads from a rollout store, per run, in a few reads.
 
 Everything is aggregated store-side (per step, per group, per stage: the store's run
-views, read through ``StoreBackend.reads``, gfcr.storage.RunReads), so a run of a million
+views, read through ``StoreBackend.reads``, gfcr.core.storage.RunReads), so a run of a million
 rollouts is read in seconds: no per-rollout row leaves the database except the few
 sampled completions. The store is opened read-only by the caller; nothing here writes.
 
@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfcr.core.rollout import ROLLOUT_SCHEMA
+from gfcr.core.storage import RunReads, backend
 from gfcr.report.chat import CHAT_SAMPLES
-from gfcr.rollout import ROLLOUT_SCHEMA
-from gfcr.storage import RunReads, backend
 
 NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
                   "prompt", "answer", "reward", "score_error", "kept", "dropped_by",

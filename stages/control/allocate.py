@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from gfcr.rollout import col
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr.rollout import RECYCLE
+from gfcr.core.rollout import col
+from gfcr.core.rollout import RECYCLE
+from gfcr.core.stage import StageSpec, StepContext, register
 
 Rule = Literal["uncertainty", "sqrt", "hard"]
 

@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Decision, Inflight
-from gfcr.rollout import col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.engine import Decision, Inflight
+from gfcr.core.rollout import col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.control.allocate import fresh_rows, posterior, put_column
-from gfcr.rollout import RECYCLE
+from gfcr.core.rollout import RECYCLE
 
 
 @register("control")

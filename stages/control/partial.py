@@ -14,9 +14,9 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Decision, Flight, Inflight
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr.rollout import RECYCLE
+from gfcr.core.engine import Decision, Flight, Inflight
+from gfcr.core.rollout import RECYCLE
+from gfcr.core.stage import StageSpec, StepContext, register
 
 
 @register("control")
@@ -35,7 +35,7 @@ class ActivePartialRollouts(StageSpec):
     only after generation here, so complete groups count (pair with ``DynamicSampling``
     in refill mode to top up). Every generate call, refill rounds included, is stopped at
     its own target. The count is exact over several engine waves when the engine says
-    which requests have started (``gfcr.engine.SegmentHook``; the HF engine does when a
+    which requests have started (``gfcr.core.engine.SegmentHook``; the HF engine does when a
     call has more requests than ``max_batch``): requests of a wave that starts after the
     target is met are stopped at their first segment and continued next step like any
     other. With an engine that does not, the stage refuses to decide once it sees a
@@ -81,7 +81,7 @@ def counting_flight(ctx: StepContext, label: str) -> Flight:
         raise ValueError(
             f"stage {label!r}: the engine decoded this call of {len(flight.groups)!r} requests "
             "in several waves without saying which requests had started (a segment hook's "
-            "wave(keys), see gfcr.engine.SegmentHook), so finished and not-yet-started "
+            "wave(keys), see gfcr.core.engine.SegmentHook), so finished and not-yet-started "
             "requests cannot be told apart; raise the engine's max_batch to at least "
             f"{len(flight.groups)!r}, or lower the requests per step (the replay stage's "
             "batch, the generate stage's n)")

@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Literal, Sequence
 import numpy as np
 from pydantic import Field
 
-from gfcr.engine import Decision, Inflight
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.engine import Decision, Inflight
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.control.partial import counting_flight
 from stages.control.quality import Head, examples, features, fit, recent_rollouts
 

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
-from gfcr.rollout import col
-from gfcr.row_filter import ASCENDING, DESCENDING, RowFilter
-from gfcr.storage import History
+from gfcr.core.rollout import col
+from gfcr.core.row_filter import ASCENDING, DESCENDING, RowFilter
+from gfcr.core.storage import History
 
 FEATURES = ("log_length", "mean_logprob", "min_logprob", "std_logprob", "tail_logprob",
             "unlikely_share")

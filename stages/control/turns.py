@@ -6,7 +6,7 @@ yield mixed terminal rewards, from a predictor of each anchor's success probabil
 the anchor is the prompt and the predictor its Beta posterior pass rate in the store's
 history (``History.prompt_stats``, mean ``m``; an unseen prompt has mean 1/2), and the
 budget is the step's policy turns: each fresh prompt's episodes get a turn cap (the plan
-column :data:`gfcr.rollout.PLAN_MAX_TURNS`, which a multi-turn generate stage honours),
+column :data:`gfcr.core.rollout.PLAN_MAX_TURNS`, which a multi-turn generate stage honours),
 water-filled so that ``sum(n * max_turns) <= budget`` with each cap in
 ``[min_turns, max_turns]``.
 """
@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from gfcr.rollout import PLAN_MAX_TURNS, PLAN_N, col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.rollout import PLAN_MAX_TURNS, PLAN_N, col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.control.allocate import fresh_rows, posterior, put_column
 from stages.control.budget import token_caps
 

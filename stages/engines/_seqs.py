@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gfcr.engine import Decision, GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
+from gfcr.core.engine import Decision, GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
 
 DECISION_REASON: dict[str, str] = {"stop": "aborted", "prune": "pruned"}
 

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import torch
 
-from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                         encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
+                              encode_prompt, stop_token_ids)
 from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -24,7 +24,7 @@ _LORA_IDS = itertools.count(1)
 
 
 class VLLMEngine:
-    """:class:`gfcr.engine.Engine` over a ``vllm.LLM`` fed from a :class:`Policy` the
+    """:class:`gfcr.core.engine.Engine` over a ``vllm.LLM`` fed from a :class:`Policy` the
     trainer updates in place (see the module docstring of ``stages.engines.vllm``)."""
 
     def __init__(self, policy: Policy, llm: Any, *, folder: Path, seed: int,
@@ -125,7 +125,7 @@ class VLLMEngine:
     @property
     def sleep_mode(self) -> bool:
         """Whether the loop should call :meth:`sleep` and :meth:`wake_up` around the
-        learner's update (gfcr.capabilities.EngineSleep): ``VLLM(sleep_mode=True)``."""
+        learner's update (gfcr.core.capabilities.EngineSleep): ``VLLM(sleep_mode=True)``."""
         return self._sleep_mode
 
     def sleep(self) -> None:

@@ -1,4 +1,4 @@
-"""The vLLM engine as a fleet of vLLM's own servers (gfcr.engine.Engine over HTTP).
+"""The vLLM engine as a fleet of vLLM's own servers (gfcr.core.engine.Engine over HTTP).
 
 A generate call is split across the servers by group (a GRPO group's samples share a
 server, so they share its prefix cache); every request goes out at once, each on a
@@ -13,7 +13,7 @@ segments, so APRIL, ARRoL and TokenBudget stop and prune across the fleet as on 
 engine. A stopped group is recycled by the Replay stage, as always.
 
 Weights by version: :meth:`FleetEngine.load` has every server load a published version
-(gfcr.weights) through gfcr's worker extension, drop its prefix cache and label its
+(gfcr.runner.weights) through gfcr's worker extension, drop its prefix cache and label its
 weights ``"<version>:<publication id>"``. vLLM tags every sampled token with the label
 it was sampled under, so a row's version is checked, not assumed: tokens under another
 label are never used (the request is sent again after the server is reloaded).
@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
-from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                         encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
+                              encode_prompt, stop_token_ids)
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -170,7 +170,7 @@ class FleetEngine:
     def _assign(self, seqs: list[Seq], hook: SegmentHook | None) -> dict[int, Server]:
         """Request key -> its server: whole groups (the hook's, else requests of one
         prompt), each to the live server with the fewest requests so far."""
-        # getattr: gfcr.inprocess.SegmentHooks keeps the call's groups; others may not
+        # getattr: gfcr.runner.inprocess.SegmentHooks keeps the call's groups; others may not
         flight = getattr(hook, "flight", None)
         groups: dict[Any, list[Seq]] = {}
         for s in seqs:

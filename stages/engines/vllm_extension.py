@@ -1,5 +1,5 @@
 """gfcr's worker extension for vLLM's own server (``--worker-extension-cls``): load a
-published weights version (gfcr.weights) into the running engine, in place.
+published weights version (gfcr.runner.weights) into the running engine, in place.
 
 vLLM mixes this class into its worker, so a client calls its methods through the
 server's ``POST /collective_rpc`` route (``VLLM_SERVER_DEV_MODE=1``), which passes
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-MANIFEST = "manifest.json"  # gfcr.weights.MANIFEST; not imported: the worker loads this alone
+MANIFEST = "manifest.json"  # gfcr.runner.weights.MANIFEST; not imported: the worker loads this alone
 
 
 class WeightsByVersion:

@@ -1,5 +1,5 @@
 """Environments for multi-turn episodes (``stages.generate.episodes``), registered by
-name (gfcr.environment.register_env): ``feedback``, ``guess``, ``python_tool``."""
+name (gfcr.core.environment.register_env): ``feedback``, ``guess``, ``python_tool``."""
 
 from stages.envs.feedback import Feedback
 from stages.envs.guess import GuessNumber

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gfcr.environment import Message, Step, register_env
+from gfcr.core.environment import Message, Step, register_env
 from stages.envs.answers import final_number, same_number
 
 Hint = Literal["none", "direction", "answer"]

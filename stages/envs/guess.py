@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from gfcr.environment import Message, Step, register_env
+from gfcr.core.environment import Message, Step, register_env
 from stages.envs.answers import final_number
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.environment import Message, Step, Tool, register_env
+from gfcr.core.environment import Message, Step, Tool, register_env
 from stages.envs.answers import same_number
 from stages.envs.tools import PYTHON, PythonTool, parse_call
 

@@ -6,7 +6,7 @@ The call format is Hermes'/Qwen's, which chat templates with tools expect:
 that shape is a call that failed to parse (its error is recorded as the turn's
 ``tool_error``, and an environment may penalise it).
 
-:class:`PythonTool` runs the code of a call in gfcr's code sandbox (:mod:`gfcr.codebox`:
+:class:`PythonTool` runs the code of a call in gfcr's code sandbox (:mod:`gfcr.core.codebox`:
 bubblewrap namespaces, a memory cgroup, CPU, wall, memory and file-size limits; the
 same sandbox the code verifiers use), and caps what it prints. A run that raises or hits
 a limit is a tool error named by its verdict (``error: ZeroDivisionError ...``,
@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import Field
 
-from gfcr import codebox
-from gfcr.environment import Tool
-from gfcr.stage import Spec
+from gfcr.core import codebox
+from gfcr.core.environment import Tool
+from gfcr.core.stage import Spec
 
 CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 """A tool call block (an unclosed one runs to the end of the reply)."""

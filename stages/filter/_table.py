@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 
 
 def set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:

@@ -11,7 +11,7 @@ advantages in the batch, so a group trains best on its most spread-out rollouts:
 - **Token level**: keep the tokens with the largest ``|A_i| * H_{i,t}`` (advantage
   magnitude times the policy's entropy at that token). The entropy needs the policy's
   logits, which a filter does not have, so this stage writes the kept share and the
-  trainer applies it (:data:`gfcr.rollout.TOKEN_KEEP_RATIO`; its ``d3s`` token selector,
+  trainer applies it (:data:`gfcr.core.rollout.TOKEN_KEEP_RATIO`; its ``d3s`` token selector,
   :func:`stages.train.selection.d3s_tokens`).
 - **Schedule**: both shares start at ``keep`` / ``token_keep`` and relax linearly to 1
   (no down-sampling) over ``relax_steps`` steps: aggressive early, gentle later.
@@ -22,8 +22,8 @@ D³S trains the kept rows on those same advantages: the theory bounds the gradie
 by the variance of the advantages the update uses, and recomputed on the subset a
 std-normalised estimator gives every subset unit variance, so the choice would no longer
 reach the gradient (and the token level's ``|A|`` would change too). This stage writes
-them as :data:`gfcr.rollout.D3S_ADVANTAGE` for every row of the group, and ``stages.train`` trains
-each kept row on its value as is — in the loss, as the token level's ``|A|`` and as the
+them as :data:`gfcr.core.rollout.D3S_ADVANTAGE` for every row of the group, and ``stages.train``
+trains each kept row on its value as is — in the loss, as the token level's ``|A|`` and as the
 stored ``advantage`` — with no renormalisation over the subset
 (:func:`stages.train.masks.override_advantages`). They come from this stage's ``advantage``
 estimator, not the trainer's.
@@ -41,8 +41,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.rollout import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, col
-from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.rollout import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import scored_groups, set_column
 from stages.advantages import known_advantage, lookup_advantage
 

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from gfcr.rollout import col
-from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.rollout import col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
 
 
 @register("filter")
@@ -55,7 +55,7 @@ class DynamicSampling(StageSpec):
         return self
 
     def shortfall(self, ctx: StepContext, rollouts: pa.Table) -> int:
-        """Groups still missing, if refilling and rounds remain (gfcr.stage.Refill)."""
+        """Groups still missing, if refilling and rounds remain (gfcr.core.stage.Refill)."""
         if self.mode != "refill" or ctx.round > self.max_rounds:
             return 0
         kept = rollouts.filter(rollouts.column(col.KEPT))

@@ -11,14 +11,14 @@ Two levels of relative advantage, both critic-free:
   group: A^S = (G - mean) / std (or G - mean). A step group of one gets A^S = 0.
 
 Each policy turn's advantage is ``A^E_i + omega * A^S_{i,t}``, written per turn as
-:data:`gfcr.rollout.TURN_ADVANTAGES` (null for turns that are not the policy's); the
+:data:`gfcr.core.rollout.TURN_ADVANTAGES` (null for turns that are not the policy's); the
 trainer gives every loss token of a turn its turn's value (stages.train.masks).
 
 Departures from the paper: the anchor state is the exact token ids of the observation
 the step saw (the non-policy turns since the previous step: the prompt for the first
 step, the environment's and tools' answers later), hashed; GiGPO compares environment
 states, which an environment whose text does not determine its state would conflate or
-split. Step rewards are the turns' own rewards (gfcr.rollout.TURN_TYPE ``reward``) with
+split. Step rewards are the turns' own rewards (gfcr.core.rollout.TURN_TYPE ``reward``) with
 whatever of the row's ``reward`` they do not account for earned at the last step
 (stages.filter._turns.step_rewards); GiGPO's environments give them per step. The
 standard deviations are the sample ones (ddof=1) with GRPO's 1e-6, as the trainer's
@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.rollout import TURN_ADVANTAGES, col
-from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.rollout import TURN_ADVANTAGES, col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
 from stages.advantages import drgrpo, grpo
 from stages.filter._table import set_column
 from stages.filter._turns import anchor, discounted, observations, policy_turns, step_rewards

@@ -13,11 +13,11 @@ turn with the observation that answers it),
 The rewards of all steps of a group's trajectories are normalised together (z-score),
 and each step's advantage is the discounted sum of the normalised rewards from it on,
 ``A_t = sum_{k >= t} gamma^(k - t) r~_k``, written per turn as
-:data:`gfcr.rollout.TURN_ADVANTAGES` (the trainer gives a turn's tokens its value). The
-dense rewards are kept on the policy turns' ``reward`` (gfcr.rollout.TURN_TYPE), so the
+:data:`gfcr.core.rollout.TURN_ADVANTAGES` (the trainer gives a turn's tokens its value). The
+dense rewards are kept on the policy turns' ``reward`` (gfcr.core.rollout.TURN_TYPE), so the
 ``turns`` view shows them.
 
-Teacher forcing is the learner's (``ctx.teacher``, gfcr.stage.Teacher: the current
+Teacher forcing is the learner's (``ctx.teacher``, gfcr.core.stage.Teacher: the current
 weights, in the loop's process), so the stage runs where the learner is, not on engine
 workers.
 
@@ -40,8 +40,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.rollout import TURN_ADVANTAGES, TURNS_TYPE, col
-from gfcr.stage import FilterResult, StageSpec, StepContext, Teacher, register
+from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE, col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, Teacher, register
 from stages.advantages import grpo
 from stages.filter._table import set_column
 from stages.filter._turns import discounted, policy_turns

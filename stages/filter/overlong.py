@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from gfcr.rollout import col
-from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.rollout import col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
 
 
 @register("filter")

@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.rollout import col
-from gfcr.refs import resolve
-from gfcr.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.refs import resolve
+from gfcr.core.rollout import col
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
 from stages.filter._table import scored_groups, set_column
 
 FORMAT_ERRORS = "format_errors"

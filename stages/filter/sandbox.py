@@ -56,8 +56,8 @@ from functools import lru_cache
 
 from pydantic import Field
 
-from gfcr import codebox
-from gfcr.stage import Spec
+from gfcr.core import codebox
+from gfcr.core.stage import Spec
 from stages.filter import _cgroup, _process
 from stages.filter._process import VIOLATIONS, Isolation, Outcome, classify
 
@@ -114,7 +114,7 @@ def unavailable() -> str | None:
 
 def _run_with(source: str, *, isolation: Isolation, cpu_seconds: int, wall_seconds: float,
               memory_mb: int, file_mb: int) -> Outcome:
-    """:func:`run_python` with the limits as keywords: what :mod:`gfcr.codebox` calls."""
+    """:func:`run_python` with the limits as keywords: what :mod:`gfcr.core.codebox` calls."""
     return run_python(source, Sandbox(isolation=isolation, cpu_seconds=cpu_seconds,
                                       wall_seconds=wall_seconds, memory_mb=memory_mb,
                                       file_mb=file_mb))

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
 
-from gfcr.refs import resolve
-from gfcr.stage import Spec, StepContext
+from gfcr.core.refs import resolve
+from gfcr.core.stage import Spec, StepContext
 from stages.filter.harness import passed, plan
 from stages.filter.sandbox import Sandbox, refusal, run_python, unavailable
 

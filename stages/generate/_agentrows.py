@@ -1,5 +1,5 @@
 """An agent episode's rows: the task fields an agent sees, and its trajectories as rollout
-rows in the trajectory form (:data:`gfcr.rollout.TURN_TYPE`)."""
+rows in the trajectory form (:data:`gfcr.core.rollout.TURN_TYPE`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from gfcr.engine import Engine
-from gfcr.rollout import NEW_TOKENS, col, stable_id
-from gfcr.stage import StepContext
+from gfcr.core.engine import Engine
+from gfcr.core.rollout import NEW_TOKENS, col, stable_id
+from gfcr.core.stage import StepContext
 from stages.generate._episodes import Episode, Trajectory, trajectories
 
 

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfcr.engine import GenOutput
+from gfcr.core.engine import GenOutput
 from stages.generate._openai_chat import OpenAIChat, text_of
 
 

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gfcr.capabilities import TeacherForcing
-from gfcr.engine import GenOutput
+from gfcr.core.capabilities import TeacherForcing
+from gfcr.core.engine import GenOutput
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,11 @@ from typing import (Any, Callable, ClassVar, Iterator, Literal, Protocol,
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr import refs
-from gfcr.chat import chat_format
-from gfcr.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
-from gfcr.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core import refs
+from gfcr.core.chat import chat_format
+from gfcr.core.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
 from stages.generate._openai_chat import OpenAIChat
@@ -77,7 +77,7 @@ class AgentEnv(StageSpec):
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of every call (a request's own is ignored)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.core.engine)."""
     max_tokens: int = Field(64, ge=1)
     """Most tokens one call generates (a request may ask for fewer)."""
     max_calls: int = Field(32, ge=1)
@@ -170,7 +170,7 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def end(self) -> str:
-        """Why the episode ended (gfcr.environment.EPISODE_ENDS)."""
+        """Why the episode ended (gfcr.core.environment.EPISODE_ENDS)."""
         if self.error is None:
             return "done"
         return "env_timeout" if self.error.startswith("Timeout:") else "env_error"

@@ -47,9 +47,9 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Engine, SegmentHook, encode_prompt
-from gfcr.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
-from gfcr.stage import Spec, StageSpec, StepContext, register
+from gfcr.core.engine import Engine, SegmentHook, encode_prompt
+from gfcr.core.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
+from gfcr.core.stage import Spec, StageSpec, StepContext, register
 from stages.generate._policy import forced_logprobs
 from stages.generate.group import GENERATED, GroupSample, generate_groups
 from stages.generate.rows import RECYCLE, plan_samples, to_table
@@ -183,7 +183,7 @@ def hint_length(answer_tokens: int, pass_rate: float, max_ratio: float, cap: int
 
 def prompt_stats(ctx: StepContext, prompt_ids: list[str]) -> dict[str, dict[str, float]]:
     """Prompt id -> attempts, successes, posterior_mean from ``ctx.history`` (a
-    gfcr.storage.History); empty when the run has no history."""
+    gfcr.core.storage.History); empty when the run has no history."""
     if ctx.history is None or not prompt_ids:
         return {}
     table = ctx.history.prompt_stats(list(dict.fromkeys(prompt_ids)))

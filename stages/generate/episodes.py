@@ -1,23 +1,23 @@
 """Multi-turn episodes: the policy talks with an environment, many episodes at once.
 
 Each prompt of the plan is a task; ``n`` episodes run per task (a group, as in GRPO),
-each with its own environment instance (:mod:`gfcr.environment`). A step runs in waves:
-every live episode's conversation (token ids, :mod:`gfcr.chat`) goes into ONE batched
+each with its own environment instance (:mod:`gfcr.core.environment`). A step runs in waves:
+every live episode's conversation (token ids, :mod:`gfcr.core.chat`) goes into ONE batched
 engine call for the policy's next turn; then every live environment answers that turn
 (concurrently, each call under ``env_timeout``); observations are appended as the ids of
 their rendered delta. An episode ends when its environment says done, at ``max_turns``
 policy turns, when the next turn would pass ``max_episode_tokens``, when a turn hits its
 token cap and nothing is left, or when its environment raises or runs out of time; the
-reason is its ``episode_end`` (:data:`gfcr.environment.EPISODE_ENDS`).
+reason is its ``episode_end`` (:data:`gfcr.core.environment.EPISODE_ENDS`).
 
 A row is one trajectory: ``turns`` holds every turn (the policy's with its logprobs and
 in the loss, the environment's and tools' out of it), and the flat columns follow
-``gfcr.rollout``'s rule (prompt: the first turn; completion: the rest). Its ``reward``
+``gfcr.core.rollout``'s rule (prompt: the first turn; completion: the rest). Its ``reward``
 is the sum of its turns' rewards (None: no environment reward; then a Verify stage
 scores it); an environment error is its ``score_error`` (reward 0 when the episode had
 earned none), so the run goes on. This is the environment loop of verifiers/SkyRL
 (Brown 2025; Cao et al. 2025, "SkyRL") with the token-in, token-out discipline of
-:mod:`gfcr.chat`.
+:mod:`gfcr.core.chat`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.chat import Trajectory, Turn, chat_format
-from gfcr.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook, Tokenizer
-from gfcr.environment import Environment, HasTools, Message, Step, resolve_env
-from gfcr.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
-                          PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
-from gfcr.stage import OnSegment, StageSpec, StepContext, register
+from gfcr.core.chat import Trajectory, Turn, chat_format
+from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook, Tokenizer
+from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
+from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
+                               PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
+from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
 
@@ -58,7 +58,7 @@ class Episode:
     limit: int = 1
     """Policy turns the episode may take in all (a branch's prefix counts)."""
     branch: dict[str, Any] | None = None
-    """The plan's ``branch`` (gfcr.rollout.BRANCH): the stored turns it starts from."""
+    """The plan's ``branch`` (gfcr.core.rollout.BRANCH): the stored turns it starts from."""
 
 
 @register("generate")
@@ -91,7 +91,7 @@ class Episodes(StageSpec):
     """Environment calls run at once."""
     segment_tokens: int = Field(16, ge=1)
     continues_branches: ClassVar[bool] = True
-    """It honours the plan's ``branch`` column (gfcr.capabilities.ContinuesBranches)."""
+    """It honours the plan's ``branch`` column (gfcr.core.capabilities.ContinuesBranches)."""
 
     writes: ClassVar[frozenset[str]] = (frozenset(ROLLOUT_SCHEMA.names) - {
         col.REWARDS, col.ADVANTAGE, col.CONSUMED_AT_STEP}) | {NEW_TOKENS, EPISODE_END,

@@ -7,9 +7,9 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import Engine, GenRequest, SamplingParams, SegmentHook, encode_prompt
-from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.engine import Engine, GenRequest, SamplingParams, SegmentHook, encode_prompt
+from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
                                   plan_samples, rollout_row, stable_id, to_table)
 
@@ -42,7 +42,7 @@ class GroupSample(StageSpec):
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature; 0 is greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.core.engine)."""
     max_tokens: int = Field(16, ge=1)
     """Completion tokens per sample, unless the plan's ``max_tokens`` column says otherwise."""
     stop: tuple[str, ...] = ()

@@ -34,7 +34,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from gfcr.engine import GenOutput
+from gfcr.core.engine import GenOutput
 from stages.generate._episodes import Episode
 from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves

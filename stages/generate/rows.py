@@ -16,16 +16,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.engine import Engine, GenOutput
-from gfcr.rollout import (NEW_TOKENS, RECYCLE, RECYCLE_TYPE, ROLLOUT_SCHEMA, SERVER,  # noqa: F401
-                          col, stable_id)
-from gfcr.stage import StepContext
+from gfcr.core.engine import Engine, GenOutput
+from gfcr.core.rollout import (NEW_TOKENS, RECYCLE, RECYCLE_TYPE, ROLLOUT_SCHEMA, SERVER,  # noqa: F401
+                               col, stable_id)
+from gfcr.core.stage import StepContext
 
 CONTINUES_PARTIALS = "continues_partials"
 """Name of the ClassVar (bool) by which a generate stage says it honours ``recycle``."""
 
 GENERATED_SCHEMA = pa.schema(list(ROLLOUT_SCHEMA) + [pa.field(NEW_TOKENS, pa.int32())])
-"""What :func:`to_table` returns: the rollout schema and :data:`gfcr.rollout.NEW_TOKENS`."""
+"""What :func:`to_table` returns: the rollout schema and :data:`gfcr.core.rollout.NEW_TOKENS`."""
 
 STATUS_OF = {"stop": "complete", "length": "complete", "aborted": "partial",
              "pruned": "pruned"}
@@ -61,7 +61,7 @@ def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Rows of :func:`rollout_row` as a table in :data:`GENERATED_SCHEMA`, with the
-    ``server`` column when a fleet generated any of them (gfcr.rollout.SERVER)."""
+    ``server`` column when a fleet generated any of them (gfcr.core.rollout.SERVER)."""
     if any(SERVER in r for r in rows):
         return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA.append(
             pa.field(SERVER, pa.string())))

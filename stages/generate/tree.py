@@ -49,10 +49,10 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.engine import (Decision, Engine, GenOutput, GenRequest, Inflight, SamplingParams,
-                         SegmentHook, encode_prompt)
-from gfcr.rollout import PLAN_MAX_TOKENS, PLAN_N, col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.engine import (Decision, Engine, GenOutput, GenRequest, Inflight, SamplingParams,
+                              SegmentHook, encode_prompt)
+from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._policy import BranchPoint, branch_points
 from stages.generate.group import GENERATED
 from stages.generate.rows import rollout_row, stable_id, to_table

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import col
-from gfcr.stage import StepContext
+from gfcr.core.rollout import col
+from gfcr.core.stage import StepContext
 from stages.replay import _reads
 
 

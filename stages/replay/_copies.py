@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from gfcr.rollout import col, conform
-from gfcr.stage import StepContext
-from gfcr.rollout import stable_id
+from gfcr.core.rollout import col, conform
+from gfcr.core.rollout import stable_id
+from gfcr.core.stage import StepContext
 
 
 def copies(ctx: StepContext, rows: pa.Table, replays: Sequence[int], *, tag: str,

@@ -1,11 +1,11 @@
 """Reads the replay stages make from the rollout store, through the step's history.
 
 Every read sees the run's rows at the snapshot the step's ``History`` is pinned to
-(gfcr.storage.History; the loop pins it to the step before), so a resumed run — or a
+(gfcr.core.storage.History; the loop pins it to the step before), so a resumed run — or a
 stage called again later with the same history — reads exactly the rows the original
 step read, whatever was committed since. Besides per-prompt totals, the replay stages
 need evidence *discounted by age* and the rows themselves: they read the rows with a
-typed filter (``History.rows``, gfcr.row_filter) and aggregate them here and in each
+typed filter (``History.rows``, gfcr.core.row_filter) and aggregate them here and in each
 stage, in Arrow; nothing here knows the store's SQL dialect.
 
 An *attempt* is what ``store.views`` calls one: a complete, scored, original
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.rollout import ROLLOUT_SCHEMA, col, conform
-from gfcr.row_filter import ATTEMPTS
-from gfcr.storage import History
+from gfcr.core.rollout import ROLLOUT_SCHEMA, col, conform
+from gfcr.core.row_filter import ATTEMPTS
+from gfcr.core.storage import History
 
 
 def prompt_evidence(history: History, *, now: int, half_life: float | None) -> pa.Table:

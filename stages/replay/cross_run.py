@@ -6,7 +6,7 @@ rollouts plus rollouts other nodes shared, so a success found by one policy prop
 Here the "network" is any rollout store: the step's context opens the store folder
 ``source`` read-only (``StepContext.other_store``, once per process) and each step picks
 ``groups`` groups among those with a complete, scored row that meets the typed row
-filter ``match`` (gfcr.row_filter.RowFilter; the store evaluates it), and appends all
+filter ``match`` (gfcr.core.row_filter.RowFilter; the store evaluates it), and appends all
 their complete, scored rows (whole groups: GRPO's baseline needs them) as replayed rows. Rows of the current run are
 never taken (that is :class:`~stages.replay.rollout_replay.RolloutReplay`). Lineage is
 kept: ``parent_id`` is the source rollout, and the declared extra column
@@ -32,11 +32,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from gfcr import storage
-from gfcr.rollout import col
-from gfcr.row_filter import ASCENDING, RowFilter
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr.storage import History
+from gfcr.core import storage
+from gfcr.core.rollout import col
+from gfcr.core.row_filter import ASCENDING, RowFilter
+from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.storage import History
 from stages.replay import _copies, _reads
 
 SOURCE_COLUMN = "replay_source"
@@ -58,7 +58,7 @@ class CrossRunReplay(StageSpec):
     source: str
     """Store folder to replay from (opened read-only)."""
     match: RowFilter = RowFilter(kept=True)
-    """Which rows make a group a candidate (a typed filter, gfcr.row_filter.RowFilter):
+    """Which rows make a group a candidate (a typed filter, gfcr.core.row_filter.RowFilter):
     a group with a complete, scored row that meets it, e.g. ``{kept: true,
     reward_above: 0}`` (groups the source kept, with a success). Its ``status`` and
     ``scored`` are the stage's own (complete, scored); the reading run is always excluded."""
@@ -84,7 +84,7 @@ class CrossRunReplay(StageSpec):
         if key not in LEGACY_WHERE:
             raise ValueError(f"where {where!r} is a SQL condition, which cross_run_replay no "
                              f"longer takes: give 'match', a row filter (fields of "
-                             f"gfcr.row_filter.RowFilter, e.g. {{kept: true, reward_above: 0}})")
+                             f"gfcr.core.row_filter.RowFilter, e.g. {{kept: true, reward_above: 0}})")
         out["match"] = RowFilter(**LEGACY_WHERE[key])
         return out
 

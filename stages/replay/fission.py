@@ -10,7 +10,7 @@ after an error rather than only to avoid one.
 with a tool error that nothing branched from yet (two typed reads, ``History.rows``), and puts
 one plan row per such trajectory first in the step's plan: ``n`` recovery episodes (one
 group) that start from its turns up to and including its first tool error turn (the
-plan's ``branch`` column, :data:`gfcr.rollout.BRANCH`) and go on from the policy's next
+plan's ``branch`` column, :data:`gfcr.core.rollout.BRANCH`) and go on from the policy's next
 turn; each new row names the failed one as its ``parent_id``. The prefix's policy turns
 are kept with their tokens and logprobs but out of the loss (their masks all false):
 they trained with the row they came from, and the recovery group's advantage should
@@ -32,11 +32,11 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.capabilities import ContinuesBranches
-from gfcr.rollout import BRANCH, BRANCH_TYPE, PROMPT_COLUMNS, PROMPT_SCHEMA, col, stable_id
-from gfcr.row_filter import ASCENDING, DESCENDING, RowFilter
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr.storage import History
+from gfcr.core.capabilities import ContinuesBranches
+from gfcr.core.rollout import BRANCH, BRANCH_TYPE, PROMPT_COLUMNS, PROMPT_SCHEMA, col, stable_id
+from gfcr.core.row_filter import ASCENDING, DESCENDING, RowFilter
+from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.storage import History
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
     pa.field(col.GROUP_ID, pa.string()), pa.field("n", pa.int64()), pa.field(BRANCH, BRANCH_TYPE)])

@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_COLUMNS, col
-from gfcr.row_filter import ATTEMPTS
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr.storage import History
+from gfcr.core.rollout import PROMPT_COLUMNS, col
+from gfcr.core.row_filter import ATTEMPTS
+from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.storage import History
 from stages.replay import _beliefs
 
 

@@ -26,13 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
-from gfcr.capabilities import ContinuesPartials
-from gfcr.stage import StageSpec, StepContext, register
-from gfcr import storage
-from gfcr.row_filter import ASCENDING, RowFilter
-from gfcr.storage import History
-from gfcr.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
+from gfcr.core import storage
+from gfcr.core.capabilities import ContinuesPartials
+from gfcr.core.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
+from gfcr.core.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
+from gfcr.core.row_filter import ASCENDING, RowFilter
+from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.storage import History
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [
     pa.field(col.GROUP_ID, pa.string()), pa.field("n", pa.int64()),

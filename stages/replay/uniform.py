@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA
+from gfcr.core.stage import StageSpec, StepContext, register
 
 
 @register("replay")

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from gfcr.rollout import PROMPT_COLUMNS, col
-from gfcr.stage import StageSpec, StepContext, register
+from gfcr.core.rollout import PROMPT_COLUMNS, col
+from gfcr.core.stage import StageSpec, StepContext, register
 from stages.replay import _beliefs
 
 

@@ -23,8 +23,8 @@ import reasoning_gym
 from pydantic import Field, PrivateAttr, model_validator
 from reasoning_gym.factory import DATASETS
 
-from gfcr.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.stage import Spec, register
+from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
+from gfcr.core.stage import Spec, register
 
 _HELDOUT_SEED_OFFSET = 1_000_003
 """The held-out split is drawn from seed + this offset, then stripped of training prompts."""
@@ -82,7 +82,7 @@ class ReasoningGym(Spec):
         return self
 
     def prompt_counts(self) -> dict[str, int]:
-        """The prompts each split holds (gfcr.sizes checks a pipeline's demands on them)."""
+        """The prompts each split holds (gfcr.core.sizes checks a pipeline's demands on them)."""
         return {"train": self.train_size, "heldout": self.heldout_size}
 
     def _dataset(self, seed: int, size: int) -> Any:

@@ -1,5 +1,5 @@
 """The program of one sharded-learner process: ``python -m torch.distributed.run
---nproc-per-node N -m stages.train.fsdp_rank``, started by gfcr.sharded.
+--nproc-per-node N -m stages.train.fsdp_rank``, started by gfcr.transport.sharded.
 
 Each rank connects to the flow process (the address and key in its environment), takes
 its setup (the policy component, the train stage, the seed), builds the policy, shards it
@@ -26,9 +26,9 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from gfcr import sharded
-from gfcr.stage import StepContext, TrainResult
-from gfcr.weights import WeightStore
+from gfcr.core.stage import StepContext, TrainResult
+from gfcr.runner.weights import WeightStore
+from gfcr.transport import sharded
 from stages.engines.torch_io import TORCH_IO
 from stages.train import fsdp
 from stages.train.ranks import Shardable
@@ -53,7 +53,7 @@ _NO_TASK = _NoTask()
 
 @dataclass(frozen=True)
 class _Gathered:
-    """A full state dict on rank 0, as gfcr.weights.WeightStore.publish writes it."""
+    """A full state dict on rank 0, as gfcr.runner.weights.WeightStore.publish writes it."""
 
     state: dict[str, torch.Tensor]
 

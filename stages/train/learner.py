@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from gfcr.engine import Policy
-from gfcr.rollout import col
-from gfcr.stage import StepContext, TrainResult
+from gfcr.core.engine import Policy
+from gfcr.core.rollout import col
+from gfcr.core.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy
 from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
@@ -71,7 +71,7 @@ class LearnerOptions:
 
 class GRPOLearner:
     """Applies :class:`GRPO` updates to the run's policy, which it updates in place. It
-    never touches the engine: the learner service (gfcr.inprocess.LocalLearner) hands
+    never touches the engine: the learner service (gfcr.runner.inprocess.LocalLearner) hands
     the new weights out as a handle, which the generator loads."""
 
     def __init__(self, spec: LearnerOptions, policy: Policy, *, seed: int,
@@ -289,7 +289,7 @@ class GRPOLearner:
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
                  temperature: float) -> list[list[float]]:
         """Teacher-forced ``log_softmax(logits / T)`` of each completion token at the
-        current weights (gfcr.services.Learner.logprobs)."""
+        current weights (gfcr.core.services.Learner.logprobs)."""
         work = Work(prompts=prompts, completions=completions)
         out: list[list[float]] = [[] for _ in prompts]
         rows = [i for i, c in enumerate(completions) if c]
@@ -367,7 +367,7 @@ class GRPOLearner:
         return self.lora is not None
 
     def adapter_handle(self, version: int) -> Any:
-        """The trained adapter as a weight handle (gfcr.capabilities.AdapterWeights);
+        """The trained adapter as a weight handle (gfcr.core.capabilities.AdapterWeights);
         None without one (full training, or LoRA before its first update)."""
         return None if self.lora is None else self.lora.handle(version)
 

@@ -13,7 +13,7 @@ over the policy's frozen weights, through peft (:mod:`stages.lora`):
   ``Policy.adapter``), a file sync writes the adapter folder in peft's format;
 - a checkpoint holds the adapter (``model.safetensors``, with a fingerprint of the base
   in its metadata) and the adapter's optimizer state; a resumed run rebuilds the base
-  (the policy, and the warm start from its cache: gfcr.run) and refuses an adapter
+  (the policy, and the warm start from its cache: gfcr.launch.run) and refuses an adapter
   whose base fingerprint differs (a sha256 over the base weights: one pass over them,
   at the first update and at a resume);
 - a KL term's frozen reference is the base itself (the adapter switched off), no copy.
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from gfcr.engine import Policy
-from gfcr.spec import Spec
+from gfcr.core.engine import Policy
+from gfcr.core.spec import Spec
 from stages import lora as peft_lora
 
 
@@ -60,7 +60,7 @@ class LoraSpec(Spec):
 
 @dataclass(frozen=True)
 class AdapterHandle:
-    """One version of the adapter (gfcr.services.WeightHandle): the live adapter tensors,
+    """One version of the adapter (gfcr.core.services.WeightHandle): the live adapter tensors,
     or a copy of them (``frozen``)."""
 
     adapter: peft_lora.AdapterState

@@ -52,7 +52,7 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     Shapes: ``new_logprobs``, ``old_logprobs``, ``mask`` and the optional ``is_weights``,
     ``ref_logprobs``, ``entropy``: [B, T] (mask true on real completion tokens);
     ``advantages``: [B], one per sequence, or [B, T], one per token (per-turn credit,
-    gfcr.rollout.TURN_ADVANTAGES). ``denominator`` overrides the count the sum is
+    gfcr.core.rollout.TURN_ADVANTAGES). ``denominator`` overrides the count the sum is
     divided by (tokens for token_mean, non-empty sequences otherwise): pass the whole
     batch's count when accumulating gradients over micro-batches, so the micro-batch
     losses add up to the full-batch loss. ``max_tokens`` is the seq_mean_token_sum_norm

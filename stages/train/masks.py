@@ -3,17 +3,17 @@
 Two upstream stages ask the trainer to leave tokens out of the loss, each through an
 extra column, and only when that column is in the batch:
 
-- a row's ``turns`` (:data:`gfcr.rollout.TURN_TYPE`): each assistant turn's ``mask``;
+- a row's ``turns`` (:data:`gfcr.core.rollout.TURN_TYPE`): each assistant turn's ``mask``;
   tokens of turns without one (an environment's or a tool's) are out of the loss
-  (:func:`gfcr.rollout.loss_mask`). A forced-prefix turn (a hint) is masked out; for a
-  single-turn row the turns are derived from ``hint_tokens`` (:func:`gfcr.rollout.conform`),
+  (:func:`gfcr.core.rollout.loss_mask`). A forced-prefix turn (a hint) is masked out; for a
+  single-turn row the turns are derived from ``hint_tokens`` (:func:`gfcr.core.rollout.conform`),
   so both say the same. Rows without turns fall back on ``hint_tokens``:
-- ``hint_tokens`` (int32, :data:`gfcr.rollout.HINT_TOKENS`, ADHint): the first
+- ``hint_tokens`` (int32, :data:`gfcr.core.rollout.HINT_TOKENS`, ADHint): the first
   ``hint_tokens`` tokens of ``completion_ids`` were forced from the reference answer, not
   sampled by the policy. They stay in the sequence (the policy's later tokens are
   conditioned on them) but are masked out of the loss, so neither their gradient nor
   their ratio counts (:func:`hint_masks`).
-- ``token_keep_ratio`` (float64, :data:`gfcr.rollout.TOKEN_KEEP_RATIO`, D³S): keep only that share of
+- ``token_keep_ratio`` (float64, :data:`gfcr.core.rollout.TOKEN_KEEP_RATIO`, D³S): keep only that share of
   the batch's loss tokens, those with the largest ``|A_i| * H_{i,t}``, where ``H`` is the
   policy's next-token entropy at the training temperature from the trainer's own forward
   pass (:func:`selected_masks`, which applies a token selector of :mod:`stages.train.selection`).
@@ -26,7 +26,7 @@ reports it as the row's ``advantage``, with no renormalisation
 would give every subset unit variance and undo the max-Var(A) choice.
 
 Per-turn credit: ``turn_advantages`` (list<float64> per row, one entry per turn,
-:data:`gfcr.rollout.TURN_ADVANTAGES`; GiGPO's step-level groups, IGPO's turn rewards) gives
+:data:`gfcr.core.rollout.TURN_ADVANTAGES`; GiGPO's step-level groups, IGPO's turn rewards) gives
 each turn's tokens their turn's advantage; a null row or entry leaves the row's advantage
 on them (:func:`token_advantages`). A row whose turns carry a non-zero advantage trains
 even when its own advantage is 0 (:func:`with_turn_signal`).
@@ -43,8 +43,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import (D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO, TURN_ADVANTAGES, col,
-                          loss_mask)
+from gfcr.core.rollout import (D3S_ADVANTAGE, HINT_TOKENS, TOKEN_KEEP_RATIO, TURN_ADVANTAGES, col,
+                               loss_mask)
 from stages.train.selection import TOKEN_SELECTORS, d3s_tokens
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 
 
 def staleness(batch: pa.Table, rows: list[int], version: int | None) -> np.ndarray:

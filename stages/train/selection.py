@@ -4,7 +4,7 @@ A registry like the advantage estimators' (:mod:`stages.advantages`): one dict p
 decorator, looked up by name. A selector gets, per row the learner trains on, its
 advantage and its tokens' entropies (the policy's next-token entropy at the training
 temperature, from the learner's own forward pass; only tokens already in the loss), and
-the share to keep (the batch's :data:`gfcr.rollout.TOKEN_KEEP_RATIO`, written upstream),
+the share to keep (the batch's :data:`gfcr.core.rollout.TOKEN_KEEP_RATIO`, written upstream),
 and returns a bool mask per row. The learner asks for entropies only when a batch carries
 a share below 1.
 """

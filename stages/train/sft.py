@@ -28,8 +28,8 @@ import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import load_model, save_model
 
-from gfcr.engine import Policy, encode_prompt
-from gfcr.stage import Spec, register
+from gfcr.core.engine import Policy, encode_prompt
+from gfcr.core.stage import Spec, register
 from stages.train.forward import sequence_logprobs
 
 _CACHE_VERSION = 1

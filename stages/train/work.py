@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 from stages.train.batching import padded
 from stages.train.loss import Aggregation, truncated_is_weights
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from gfcr import checkpoint
-from gfcr.flow import device_limit_name
+from gfcr.launch.flow import device_limit_name
+from gfcr.runner import checkpoint
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
 

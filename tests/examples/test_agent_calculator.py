@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gfcr.chat import chat_format
-from gfcr.engine import GenRequest, SamplingParams
+from gfcr.core.chat import chat_format
+from gfcr.core.engine import GenRequest, SamplingParams
 from stages import HF, TinyLlama
 from stages.generate._episodes import Episode
 from stages.generate._openai_chat import OpenAIChat

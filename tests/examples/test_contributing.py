@@ -1,6 +1,6 @@
 """CONTRIBUTING.md's worked example runs as written: its stage registers, its pipeline
 builds and runs a step, and the stage's drops are stored with its reason; its phase
-table is the one gfcr.stage renders."""
+table is the one gfcr.core.stage renders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from gfcr import execute
-from gfcr.stage import REGISTRY, phase_table
+from gfcr.core.stage import REGISTRY, phase_table
 from store import RolloutStore
 
 PAGE = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"

@@ -21,8 +21,8 @@ def test_quickstart_runs_and_queries_the_store(tmp_path):
 def test_the_environment_example_trains_and_is_the_readme_s(tmp_path):
     """examples/environment.py (README, "Multi-turn environments") runs two steps and
     stores its episodes; the README shows the same code."""
-    from gfcr.loading import load
-    from gfcr.run import execute
+    from gfcr.core.loading import load
+    from gfcr.launch.run import execute
     from store import RolloutStore
 
     source = (EXAMPLES / "environment.py").read_text()

@@ -1,4 +1,4 @@
-"""Asynchronous steps in this process (gfcr.rounds): with ``max_staleness = 1`` the
+"""Asynchronous steps in this process (gfcr.runner.rounds): with ``max_staleness = 1`` the
 round-0 batch of step s is drawn and generated during step s - 1, on the engine's own
 thread, with the weights the run had at the start of step s - 1, and no worker."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gfcr.cancel import RunCancelled, Stop
-from gfcr.run import execute
+from gfcr.launch.run import execute
+from gfcr.runner.cancel import RunCancelled, Stop
 from stages import GRPO, VADE, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
@@ -89,7 +89,7 @@ def test_a_load_behind_a_generation_in_flight_gets_the_weights_of_its_hand_out()
 
     import torch
 
-    from gfcr.inprocess import LocalGenerator, LocalLearner
+    from gfcr.runner.inprocess import LocalGenerator, LocalLearner
     from stages import HF, TinyLlama
 
     spec = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -1,4 +1,4 @@
-"""gfcr.chat: conversations appended as token ids, never re-rendered, with the byte
+"""gfcr.core.chat: conversations appended as token ids, never re-rendered, with the byte
 tokenizer (plain format) and a trained BPE tokenizer with a ChatML template."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.chat import PlainFormat, TemplateFormat, Trajectory, chat_format
-from gfcr.engine import encode_prompt
-from gfcr.environment import Message, Tool
-from gfcr.rollout import TURNS_TYPE, loss_mask
+from gfcr.core.chat import PlainFormat, TemplateFormat, Trajectory, chat_format
+from gfcr.core.engine import encode_prompt
+from gfcr.core.environment import Message, Tool
+from gfcr.core.rollout import TURNS_TYPE, loss_mask
 from stages.engines.tiny import HFTokenizer
 from stages.engines.tokenizers import EOS_ID, ByteTokenizer
 from tests.resources.chat import bpe_tokenizer, chat_tokenizer

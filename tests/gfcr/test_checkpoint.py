@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from gfcr import checkpoint
-from gfcr.checkpoint import CheckpointError
-from gfcr.inprocess import LocalLearner
+from gfcr.runner import checkpoint
+from gfcr.runner.checkpoint import CheckpointError
+from gfcr.runner.inprocess import LocalLearner
 from stages import GRPO, HF, TinyLlama
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli import app
-from gfcr.run import execute
+from gfcr.launch.run import execute
 from tests.conftest import tiny_pipeline
 
 runner = CliRunner()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gfcr.pipeline import PipelineError
-from gfcr.loading import load
-from gfcr.problems import counted
+from gfcr.core.loading import load
+from gfcr.core.pipeline import PipelineError
+from gfcr.core.problems import counted
 
 HEADER = """\
 from gfcr import Evaluation, Pipeline

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 import gfcr
 import stages
 from gfcr.cli import app
-from gfcr.cli_stages import kind_order, type_name
-from gfcr.stage import REGISTRY, Spec, load_plugins
+from gfcr.commands.stages import kind_order, type_name
+from gfcr.core.stage import REGISTRY, Spec, load_plugins
 
 runner = CliRunner()
 

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gfcr import checkpoint, execute
-from gfcr.commits import BackgroundCommits, LazyHistory
+from gfcr import execute
+from gfcr.runner import checkpoint
+from gfcr.runner.commits import BackgroundCommits, LazyHistory
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
 

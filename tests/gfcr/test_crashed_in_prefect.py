@@ -56,7 +56,7 @@ def _flow_run(client, name: str):
 def test_taking_over_a_dead_runs_lease_crashes_only_its_flow_runs(tmp_path, prefect_server):
     from prefect import get_client
 
-    from gfcr.prefect_crash import after_takeover
+    from gfcr.transport.prefect_crash import after_takeover
     from store import RolloutStore
     from store.lease import RunLease, hold
 

@@ -1,4 +1,4 @@
-"""Engine workers (gfcr.remote): a run's generate stage on two `gfcr engine-worker`
+"""Engine workers (gfcr.transport.remote): a run's generate stage on two `gfcr engine-worker`
 subprocesses served through Prefect task workers, against the session's real Prefect
 server; the same rollouts as in-process; no worker on a pool; a worker on other code.
 
@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from gfcr import execute
-from gfcr.remote.call import GenerateCall, Refused, code_hash
-from gfcr.remote.dispatch import GeneratePool, NoEngineWorker
+from gfcr.transport.remote.call import GenerateCall, Refused, code_hash
+from gfcr.transport.remote.dispatch import GeneratePool, NoEngineWorker
 from stages import GRPO, SFT, VADE, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
@@ -139,7 +139,7 @@ def test_a_code_verifier_on_a_worker_still_runs_in_the_sandbox(
         tmp_path: Path, engine_workers: list[subprocess.Popen]) -> None:
     import json
 
-    from gfcr.remote.scoring import RemoteScore
+    from gfcr.transport.remote.scoring import RemoteScore
     from stages import CodeTests, Sandbox
     from tests.resources.rollouts import context, rollouts
 
@@ -214,7 +214,7 @@ def test_no_worker_on_the_pool_fails_at_the_timeout_naming_it(
 
 
 def test_a_worker_on_other_code_refuses_naming_both_hashes(tmp_path: Path) -> None:
-    from gfcr.remote.worker import run_call
+    from gfcr.transport.remote.worker import run_call
 
     p = tiny_pipeline()
     call = GenerateCall(run_id="r", step=0, seed=0, stage=p.stages[1].model_dump(mode="json"),
@@ -301,7 +301,7 @@ def test_a_run_stopped_with_a_batch_in_flight_resumes_as_the_uninterrupted_run(
     # batch, sent ahead during step 1, is in flight; resumed: the in-flight batch is sent
     # again with the weights version it was sent with, so every row equals the
     # uninterrupted run's, and each step and rollout is stored once
-    from gfcr.cancel import RunCancelled, Stop
+    from gfcr.runner.cancel import RunCancelled, Stop
 
     pipeline = tiny_pipeline(task=Digits(), steps=4, max_staleness=1, stages=[
         UniformSampler(batch=4), GroupSample(n=4, max_tokens=4), Verify(), GRPO(lr=1e-2)])
@@ -347,7 +347,7 @@ def _stored(root: Path) -> list[tuple[int, int, int]]:
 def _score_call(root: Path, run_id: str, stage: Any, table: Any, out: Path | None = None
                 ) -> Any:
     """A score call of run ``run_id`` under ``root``, its rows staged as a run stages them."""
-    from gfcr.remote.call import ScoreCall, spec_hash, write_parquet
+    from gfcr.transport.remote.call import ScoreCall, spec_hash, write_parquet
 
     staging = root / "staging" / run_id / "remote"
     staging.mkdir(parents=True, exist_ok=True)
@@ -370,8 +370,8 @@ def test_engine_workers_run_only_calls_their_runs_signed(
     # issue 26: anyone who reaches the Prefect API could send a score call naming
     # Verify(scorer="builtins:exec"), any run id and any output path; it ran the
     # completion as Python on the worker and overwrote the path
-    from gfcr.remote.keys import new_key, sign, load_key
-    from gfcr.remote.worker import score_task
+    from gfcr.transport.remote.keys import new_key, sign, load_key
+    from gfcr.transport.remote.worker import score_task
     from tests.resources.rollouts import rollouts
 
     victim, ran = tmp_path / "victim.txt", tmp_path / "ran.txt"
@@ -411,8 +411,8 @@ def test_a_withdrawn_call_runs_nothing_and_a_finished_calls_files_go(
         tmp_path: Path, engine_workers: list[subprocess.Popen], pool_key: Path) -> None:
     # issue 21 D6: a dropped call still ran, and its files (and every finished call's)
     # stayed in the run's staging folder
-    from gfcr.remote.pool import PoolCalls, mark_withdrawn
-    from gfcr.remote.worker import score_task
+    from gfcr.transport.remote.pool import PoolCalls, mark_withdrawn
+    from gfcr.transport.remote.worker import score_task
     from tests.resources.rollouts import rollouts
 
     calls = PoolCalls(GeneratePool(pool=POOL, timeout_s=240), score_task, print)
@@ -437,8 +437,8 @@ def test_a_call_prefects_queue_lost_is_sent_again(
     from prefect.futures import PrefectDistributedFuture
     from prefect.states import Scheduled
 
-    from gfcr.remote.pool import PoolCalls, _Sent
-    from gfcr.remote.worker import score_task
+    from gfcr.transport.remote.pool import PoolCalls, _Sent
+    from gfcr.transport.remote.worker import score_task
     from tests.resources.rollouts import rollouts
 
     said: list[str] = []
@@ -467,8 +467,8 @@ def test_a_call_that_keeps_losing_its_worker_stops_at_its_attempts_and_deadline(
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
     from prefect.states import Running
 
-    from gfcr.remote.dispatch import PoolCalls
-    from gfcr.remote.worker import pool_tag, score_task
+    from gfcr.transport.remote.dispatch import PoolCalls
+    from gfcr.transport.remote.worker import pool_tag, score_task
     from tests.resources.rollouts import rollouts
 
     def taken_and_lost(stop: threading.Event) -> None:
@@ -514,7 +514,7 @@ def test_the_heartbeat_lasts_until_the_output_is_written(
     # slower than lost_s (a large table on a busy shared filesystem) was declared lost
     # on every attempt. A stand-in for that filesystem: the write waits (up to 60 s)
     # for the heartbeat to change, and records whether it did
-    import gfcr.remote.worker as worker
+    import gfcr.transport.remote.worker as worker
     from tests.resources.rollouts import rollouts
 
     call = _score_call(tmp_path, "slow", Verify(scorer="exact"), rollouts(["g"]))
@@ -591,7 +591,7 @@ def test_an_engine_worker_refuses_a_bad_pool_name_or_no_api_server(tmp_path: Pat
     assert alone.returncode == 2 and "needs a Prefect API server" in alone.stderr
     # issue 26: a worker without the pool's key would run anyone's calls; one whose API
     # does not answer printed nothing for 90 s. Both now say so, the second at once
-    from gfcr.remote.keys import new_key
+    from gfcr.transport.remote.keys import new_key
 
     env["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # nothing listens there
     keyless = subprocess.run([*worker, "--pool", "gpu"], cwd=REPO, env=env,

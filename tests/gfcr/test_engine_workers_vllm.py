@@ -1,4 +1,4 @@
-"""Engine workers, continued (gfcr.remote): the vLLM engine on a `gfcr engine-worker`
+"""Engine workers, continued (gfcr.transport.remote): the vLLM engine on a `gfcr engine-worker`
 subprocess (built once, weights loaded by version in place), and the step's History on
 a worker (a hook that reads the store prunes there as in-process).
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from gfcr import execute
-from gfcr.remote.dispatch import GeneratePool
+from gfcr.transport.remote.dispatch import GeneratePool
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
 from tests.resources.digits import Digits
@@ -151,8 +151,8 @@ def _same_pruning(root: Path, run_id: str, step: int, prune: Any,
     snapshot the worker read), prunes at every segment exactly the rows the worker did.
     At the segment ending at token L the group's in-flight rows are those longer than L
     and those pruned at L (the HF engine asks its hooks after recording token L)."""
-    from gfcr.stage import StepContext
-    from gfcr.storage import backend
+    from gfcr.core.stage import StepContext
+    from gfcr.core.storage import backend
     from stages.control.prune import MIN_SURVIVORS, balance_prunes
     from stages.control.quality import features
 
@@ -197,14 +197,15 @@ def test_the_workers_vllm_loads_each_version_in_place(
     # its rollouts those of a vLLM here on that version's weights
     import torch
 
-    from gfcr.rounds import plan_defaults
-    from gfcr.remote.call import GenerateCall, code_hash, read_parquet, spec_hash, write_parquet
-    from gfcr.remote.keys import load_key, sign
-    from gfcr.remote.worker import pool_task
-    from gfcr.rollout import PROMPT_SCHEMA
-    from gfcr.stage import StepContext
-    from gfcr.inprocess import InProcessHandle
-    from gfcr.weights import WeightStore, directory
+    from gfcr.core.rollout import PROMPT_SCHEMA
+    from gfcr.core.stage import StepContext
+    from gfcr.runner.inprocess import InProcessHandle
+    from gfcr.runner.rounds import plan_defaults
+    from gfcr.runner.weights import WeightStore, directory
+    from gfcr.transport.remote.call import (GenerateCall, code_hash, read_parquet, spec_hash,
+                                            write_parquet)
+    from gfcr.transport.remote.keys import load_key, sign
+    from gfcr.transport.remote.worker import pool_task
     from stages.engines.hf import token_logprobs
 
     pipeline = tiny_pipeline(task=Digits(), policy=VLLM_POLICY, engine=vllm_engine_spec())

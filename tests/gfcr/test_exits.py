@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gfcr.exits import UNFINISHED
+from gfcr.commands.exits import UNFINISHED
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE_FILE = """

@@ -1,4 +1,4 @@
-"""Generation on a fleet of vLLM's own servers (gfcr.fleet, stages.engines.fleet): two
+"""Generation on a fleet of vLLM's own servers (gfcr.transport.fleet, stages.engines.fleet): two
 real vLLM CPU servers, each started once for the module with ``gfcr engine serve``.
 
 The fleet's sampling is not the in-process engine's (vLLM batches a server's requests as
@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Iterator, Literal
 import pyarrow as pa
 import pytest
 
-from gfcr.engine import GenRequest, SamplingParams
-from gfcr.fleet import Fleet
-from gfcr.run import execute
-from gfcr.stage import StageSpec, register
-from gfcr.weights import WeightStore, directory
+from gfcr.core.engine import GenRequest, SamplingParams
+from gfcr.core.stage import StageSpec, register
+from gfcr.launch.run import execute
+from gfcr.runner.weights import WeightStore, directory
+from gfcr.transport.fleet import Fleet
 from stages import GRPO, GroupSample, RecyclePartials, TokenBudget, UniformSampler, Verify
 from stages.engines import teacher
 from stages.engines._vllm_run import save_policy
@@ -175,7 +175,7 @@ def test_a_server_restarted_with_other_weights_is_reloaded_before_it_is_used(
 
 
 class _Handle:
-    """A handle on ``policy``'s weights (gfcr.services.WeightHandle's save)."""
+    """A handle on ``policy``'s weights (gfcr.core.services.WeightHandle's save)."""
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gfcr.engine import GenRequest, SamplingParams
-from gfcr.fleet import Fleet, for_run
-from gfcr.fleet_serve import EXTENSION, command, deployment
+from gfcr.core.engine import GenRequest, SamplingParams
+from gfcr.transport.fleet import Fleet, for_run
+from gfcr.transport.fleet_serve import EXTENSION, command, deployment
 from tests.conftest import tiny_pipeline
 from tests.resources.fleet import free_port
 
@@ -47,7 +47,7 @@ def test_a_deployment_runs_one_server_per_flow_run_on_a_pool() -> None:
     d = deployment("gpu-a", pool="gpus", model="/models/m", port=8100,
                    job_variables={"env": {"CUDA_VISIBLE_DEVICES": "0"}})
     assert d.work_pool_name == "gpus" and d.parameters["port"] == 8100
-    assert d.entrypoint == "gfcr.fleet_serve.serve_flow"
+    assert d.entrypoint == "gfcr.transport.fleet_serve.serve_flow"
     assert d.job_variables["env"]["CUDA_VISIBLE_DEVICES"] == "0"
 
 
@@ -66,7 +66,7 @@ def test_a_fleet_that_cannot_serve_fails_naming_every_server() -> None:
 
 
 def test_a_run_request_names_its_fleet_or_a_pool_not_both() -> None:
-    from gfcr.flow import RunRequest, _generation
+    from gfcr.launch.flow import RunRequest, _generation
 
     fleet = _generation(RunRequest(fleet=("http://a:1", "http://b:1"), generate_timeout=30))
     assert fleet == Fleet(urls=("http://a:1", "http://b:1"), timeout_s=30)

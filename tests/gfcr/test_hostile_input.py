@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from gfcr.loading import load
-from gfcr.pipeline import Pipeline, PipelineError
+from gfcr.core.loading import load
+from gfcr.core.pipeline import Pipeline, PipelineError
 from tests.conftest import tiny_pipeline
 
 
@@ -129,9 +129,9 @@ def test_non_finite_or_absurd_hyperparameters_are_refused_naming_the_field(assig
 
 def test_reward_of_1e308_is_clipped_with_a_warning_and_the_weights_stay_finite():
     """main: the advantages became NaN, then the weights, then a torch error."""
-    from gfcr.inprocess import local_services
-    from gfcr.loop import Runtime, run_step
-    from gfcr.stash import MemoryStash
+    from gfcr.runner.inprocess import local_services
+    from gfcr.runner.loop import Runtime, run_step
+    from gfcr.runner.stash import MemoryStash
     from stages import GRPO, GroupSample, UniformSampler, Verify
 
     p = tiny_pipeline(steps=2, stages=[
@@ -153,9 +153,9 @@ def test_reward_of_1e308_is_clipped_with_a_warning_and_the_weights_stay_finite()
 
 
 def test_rewards_out_of_range_may_drop_their_rollouts_instead():
-    from gfcr.rewards import bounded
-    from gfcr.rollout import col
-    from gfcr.settings import RewardRange
+    from gfcr.core.rollout import col
+    from gfcr.core.settings import RewardRange
+    from gfcr.runner.rewards import bounded
     from tests.resources.rollouts import rollouts
 
     table = rollouts(["a", "a", "b", "b"], reward=[0.0, 1.0, 1e308, -1e200])

@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from gfcr.metrics import generated_tokens, rollout_metrics
-from gfcr.rollout import NEW_TOKENS, col
-from gfcr.run import execute
+from gfcr.core.rollout import NEW_TOKENS, col
+from gfcr.launch.run import execute
+from gfcr.runner.metrics import generated_tokens, rollout_metrics
 from store import RolloutStore
 from tests.resources.control import april_pipeline
 from tests.resources.rollouts import rollouts

@@ -1,4 +1,4 @@
-"""Sleep mode (gfcr.capabilities.EngineSleep): the loop puts an engine that sleeps to
+"""Sleep mode (gfcr.core.capabilities.EngineSleep): the loop puts an engine that sleeps to
 sleep before the learner's update and wakes it after, before the weight sync.
 
 The engine here is the real HF engine of a tiny pipeline wrapped in a recorder that
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gfcr.capabilities import EngineSleep
-from gfcr.inprocess import local_services
-from gfcr.loop import run_step
+from gfcr.core.capabilities import EngineSleep
+from gfcr.runner.inprocess import local_services
+from gfcr.runner.loop import run_step
 from stages import GRPO, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

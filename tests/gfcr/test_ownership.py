@@ -31,7 +31,7 @@ def _runs(root):
 
 def _state(root):
     """(runs as `gfcr runs` shows them, committed steps), read in this process."""
-    from gfcr.cli_sql import runs_table
+    from gfcr.commands.sql import runs_table
     from store import RolloutStore
 
     if not (root / "store" / "catalog.sqlite").exists():

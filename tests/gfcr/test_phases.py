@@ -1,4 +1,4 @@
-"""The phase table (gfcr.stage.PHASES) drives registration, the execution order and the
+"""The phase table (gfcr.core.stage.PHASES) drives registration, the execution order and the
 narrowing to each phase's protocol."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Literal
 
 import pytest
 
-from gfcr.pipeline import execution_order
-from gfcr.stage import (AUGMENT, FILTER, PHASES, SELECT, Augment, FilterResult, Select,
-                        StageSpec, register)
+from gfcr.core.pipeline import execution_order
+from gfcr.core.stage import (AUGMENT, FILTER, PHASES, SELECT, Augment, FilterResult, Select,
+                             StageSpec, register)
 from stages import GRPO, DynamicSampling, GroupSample, UniformSampler, Verify
 
 

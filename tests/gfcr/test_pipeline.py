@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from gfcr import Pipeline, PipelineError, StageSpec, register
-from gfcr.loading import load
+from gfcr.core.loading import load
 from stages import DynamicSampling, GroupSample, UniformSampler, Verify
 from tests.conftest import tiny_pipeline
 

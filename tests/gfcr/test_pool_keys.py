@@ -1,5 +1,5 @@
-"""The pool key (gfcr.remote.keys) and the list of code a worker resolves by import path
-(gfcr.refs): what an engine worker requires before it runs a call (issue 26)."""
+"""The pool key (gfcr.transport.remote.keys) and the list of code a worker resolves by import path
+(gfcr.core.refs): what an engine worker requires before it runs a call (issue 26)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gfcr import refs
-from gfcr.remote.call import ScoreCall
-from gfcr.remote.keys import KeyProblem, load_key, new_key, sign, signed_by
+from gfcr.core import refs
+from gfcr.transport.remote.call import ScoreCall
+from gfcr.transport.remote.keys import KeyProblem, load_key, new_key, sign, signed_by
 
 
 def _call(**update: object) -> ScoreCall:
@@ -75,8 +75,8 @@ def test_a_worker_resolves_only_the_code_on_its_list(monkeypatch: pytest.MonkeyP
 
 def test_a_worker_admits_a_signed_call_once_with_its_files_in_its_runs_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gfcr.remote import guard
-    from gfcr.remote.call import Refused
+    from gfcr.transport.remote import guard
+    from gfcr.transport.remote.call import Refused
 
     key = load_key(new_key(tmp_path / "k"))
     monkeypatch.setattr(guard, "_KEY", [key])

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from gfcr import execute
-from gfcr.progress import ProgressBars
+from gfcr.transport.progress import ProgressBars
 from stages import SFT
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import (COLUMNS, ROLLOUT_SCHEMA, TURNS_TYPE, SchemaError, col, conform,
-                          loss_mask, prompt_id)
+from gfcr.core.rollout import (COLUMNS, ROLLOUT_SCHEMA, TURNS_TYPE, SchemaError, col, conform,
+                               loss_mask, prompt_id)
 
 
 def _row(**changes):
@@ -106,7 +106,7 @@ def test_a_code_verdict_is_no_scorer_failure_in_python_or_sql():
     # warnings, the report's error share and the doctor count only scorer failures
     import duckdb
 
-    from gfcr.rollout import SCORER_FAILED_SQL, scorer_failed
+    from gfcr.core.rollout import SCORER_FAILED_SQL, scorer_failed
 
     messages = ["Wrong: the program raised ZeroDivisionError",
                 "SandboxViolation: memory limit", "ValueError: bad scorer", None]

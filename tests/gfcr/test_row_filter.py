@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gfcr.row_filter import ATTEMPTS, EVERY_ROW, RowFilter
+from gfcr.core.row_filter import ATTEMPTS, EVERY_ROW, RowFilter
 
 
 def test_fields_and_shorthands():

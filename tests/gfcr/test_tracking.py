@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from gfcr.run import execute
-from gfcr.tracking import MlflowHook, flatten
+from gfcr.launch.run import execute
+from gfcr.runner.tracking import MlflowHook, flatten
 from tests.conftest import tiny_pipeline
 
 

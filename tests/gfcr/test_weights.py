@@ -1,4 +1,4 @@
-"""Weights by version (gfcr.weights): atomic publication, loading in place, pruning."""
+"""Weights by version (gfcr.runner.weights): atomic publication, loading in place, pruning."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from gfcr.engine import Policy
-from gfcr.inprocess import InProcessHandle
-from gfcr.weights import MANIFEST, MissingVersion, WeightStore, directory
+from gfcr.core.engine import Policy
+from gfcr.runner.inprocess import InProcessHandle
+from gfcr.runner.weights import MANIFEST, MissingVersion, WeightStore, directory
 from stages.engines.torch_io import TORCH_IO
 
 
@@ -89,14 +89,14 @@ def test_a_resumed_run_publishing_an_older_version_keeps_it(tmp_path):
     for version in (4, 5):  # the resumed run goes on: new publications of old numbers
         store.publish(_handle(_model(10 + version)), version)
     assert [p.version for p in store.versions()] == [3, 4, 5]
-    # a worker that loaded the abandoned v5 tells the new one apart (gfcr.remote.worker)
+    # a worker that loaded the abandoned v5 tells the new one apart (gfcr.transport.remote.worker)
     assert store.get(5).ident and store.get(5).ident not in first
 
 
 def test_the_file_sync_writes_each_version_once_in_the_engine_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from gfcr.weights import FileSync
+    from gfcr.runner.weights import FileSync
 
     store = WeightStore(tmp_path / "w", TORCH_IO)
     sync = FileSync(store, "run-1", dtype="bfloat16")

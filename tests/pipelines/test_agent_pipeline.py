@@ -4,7 +4,7 @@ generates and scores, GRPO trains on its trajectories; two steps on the HF engin
 from __future__ import annotations
 
 from gfcr import Pipeline
-from gfcr.run import execute
+from gfcr.launch.run import execute
 from pipelines.agent import pipeline as agent_pipeline
 from stages import AgentEnv
 from store import RolloutStore

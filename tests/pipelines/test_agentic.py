@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import pytest
 
 from gfcr import Pipeline
-from gfcr.run import execute
+from gfcr.launch.run import execute
 from pipelines.agentic import pipeline as agentic
 from store import RolloutStore
 from tests.pipelines.test_pipelines import _shrunk

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gfcr import checkpoint, execute
+from gfcr import execute
+from gfcr.runner import checkpoint
 from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
 from stages.train.lora import LoraSpec
 from store import RolloutStore
@@ -70,7 +71,7 @@ def test_a_stopped_lora_run_resumes_as_the_uninterrupted_run(
 
 
 def test_a_lora_run_on_engine_workers_is_refused_before_it_generates(tmp_path: Path) -> None:
-    from gfcr.remote.pool import GeneratePool
+    from gfcr.transport.remote.pool import GeneratePool
 
     with pytest.raises(ValueError, match="workers do not load yet"):
         execute(_pipeline(1), root=tmp_path, executor="local",

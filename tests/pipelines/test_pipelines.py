@@ -9,8 +9,8 @@ from importlib.metadata import entry_points
 import pytest
 
 from gfcr import Pipeline
-from gfcr.loading import load
-from gfcr.run import execute
+from gfcr.core.loading import load
+from gfcr.launch.run import execute
 from tests.pipelines import golden
 from stages import (D3S, DOTS, VADE, ActivePartialRollouts, ConditionedSample, CrossRunReplay,
                     DynamicSampling, InSight, OnlinePrune, Overlong, PromptGDRO,

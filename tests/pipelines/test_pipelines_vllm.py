@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from gfcr import Pipeline
-from gfcr.loading import load
-from gfcr.run import execute
+from gfcr.core.loading import load
+from gfcr.launch.run import execute
 from tests.pipelines import golden
 from tests.pipelines.test_pipelines import HEADLINES, NEEDS_SOURCE, _shrunk
-from gfcr.engine import GenRequest, SamplingParams
+from gfcr.core.engine import GenRequest, SamplingParams
 from stages.engines.hf import token_logprobs
 from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
 
@@ -95,7 +95,7 @@ def test_a_reused_llm_generates_from_the_new_policy(llm_pool: LLMPool) -> None:
 def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> None:
     """vLLM's CPU build has no sleep mode: the engine starts without it and the loop's
     sleep and wake-up calls around each update do nothing, so the same pipeline runs."""
-    from gfcr.capabilities import EngineSleep
+    from gfcr.core.capabilities import EngineSleep
 
     spec = vllm_engine_spec().model_copy(update={"sleep_mode": True})
     engine = spec.build(VLLM_POLICY.build(seed=0), seed=0)
@@ -115,7 +115,7 @@ def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> N
 def test_agent_env_serves_an_openai_client_agent_from_vllm(tmp_path: Any) -> None:
     """The AgentEnv endpoint over the vLLM engine: each policy turn is vLLM's ids with
     logprobs equal to a teacher-forced pass; then the agent pipeline trains two steps."""
-    from gfcr.rollout import conform, loss_mask
+    from gfcr.core.rollout import conform, loss_mask
     from pipelines.agent import pipeline as agent_pipeline
     from stages import AgentEnv
     from tests.resources.agents import Recording, needs_openai, plan

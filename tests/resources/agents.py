@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
-from gfcr.rollout import PROMPT_SCHEMA, prompt_id
+from gfcr.core.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
 
 CALCULATOR = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate arithmetic",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.engine import Policy
-from gfcr.inprocess import local_services
-from gfcr.loop import Runtime
-from gfcr.runtime import Record
-from gfcr.pipeline import Pipeline
-from gfcr.run import MemoryStash
+from gfcr.core.engine import Policy
+from gfcr.core.pipeline import Pipeline
+from gfcr.launch.run import MemoryStash
+from gfcr.runner.inprocess import local_services
+from gfcr.runner.loop import Runtime
+from gfcr.runner.runtime import Record
 from stages import (GRPO, ActivePartialRollouts, GroupSample, RecyclePartials, UniformSampler,
                     Verify)
 from store import History
@@ -42,7 +42,7 @@ def april_pipeline(*, steps: int = 3, max_staleness: int = 4, **gen: Any) -> Pip
 
 def runtime(pipeline: Pipeline, store: Any, run_id: str, policy: Policy | None = None
             ) -> Runtime:
-    """What ``gfcr.run`` builds for a run (no warm start), on a given or fresh policy."""
+    """What ``gfcr.launch.run`` builds for a run (no warm start), on a given or fresh policy."""
     policy = policy or pipeline.policy.build(seed=pipeline.seed)
     engine = pipeline.engine.build(policy, seed=pipeline.seed)
     learner = pipeline.of_kind("train")[0].learner(policy, seed=pipeline.seed)

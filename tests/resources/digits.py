@@ -12,7 +12,7 @@ from typing import Literal
 import pyarrow as pa
 
 from gfcr import Spec, prompt_id, register
-from gfcr.rollout import PROMPT_SCHEMA
+from gfcr.core.rollout import PROMPT_SCHEMA
 
 WORDS = ["apple", "river", "cloud", "stone", "green", "light", "music", "table", "water",
          "smile", "bread", "chair", "dream", "field", "glass", "heart"]

@@ -30,8 +30,8 @@ def copy(to: Path) -> Path:
 
 def write(root: Path) -> None:
     """Write the fixture's run under ``root`` (see the module docstring)."""
-    from gfcr.loading import load
-    from gfcr.run import execute
+    from gfcr.core.loading import load
+    from gfcr.launch.run import execute
     from tests.pipelines.test_pipelines import _shrunk
 
     pipeline = _shrunk(load("default")).with_overrides([f"steps={STEPS}"])

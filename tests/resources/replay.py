@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.stage import StepContext
+from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
+from gfcr.core.stage import StepContext
 from store import History
 from tests.store.conftest import make_rollouts
 

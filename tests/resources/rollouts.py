@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.rollout import ROLLOUT_SCHEMA, col
-from gfcr.stage import StepContext
+from gfcr.core.rollout import ROLLOUT_SCHEMA, col
+from gfcr.core.stage import StepContext
 
 
 def rollouts(groups: list[str], reward: list[float | None] | None = None, **columns: Any

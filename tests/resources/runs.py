@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from gfcr import Evaluation
-from gfcr.rollout import ROLLOUT_SCHEMA
-from gfcr.run import RunSummary, execute
+from gfcr.core.rollout import ROLLOUT_SCHEMA
+from gfcr.launch.run import RunSummary, execute
 from tests.conftest import tiny_pipeline
 
 

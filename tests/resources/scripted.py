@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from gfcr.engine import GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
+from gfcr.core.engine import GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
 
 EOS = 0
 VOCAB = 128

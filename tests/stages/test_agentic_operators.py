@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from gfcr import Pipeline
+from gfcr.core.rollout import TURN_ADVANTAGES
 from gfcr.doctor import diagnose
+from gfcr.launch.run import execute
 from gfcr.report import report_html
-from gfcr.rollout import TURN_ADVANTAGES
-from gfcr.run import execute
 from pipelines.agentic import pipeline as agentic
 from stages import GiGPO, IGPO
 from store import RolloutStore

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.pipeline import PipelineError
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.pipeline import PipelineError
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import (D3S, GRPO, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
                     Hints, Overlong, ResampleOnCorrect, TreeRollout, UniformSampler, Verify)
 from stages.filter.d3s import D3S_ADVANTAGE, TOKEN_KEEP_RATIO

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import ROLLOUT_SCHEMA, col, prompt_id
+from gfcr.core.rollout import ROLLOUT_SCHEMA, col, prompt_id
 from store import RolloutStore
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gfcr.rollout import prompt_id
+from gfcr.core.rollout import prompt_id
 from store import StoreError
 from store.history import GROUP_STATS_SCHEMA, PROMPT_STATS_SCHEMA, History
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform
+from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform
 from store import CommitResult, ReadOnlyError, RolloutStore, StoreError
 from store._commit import STAGE_MIN_ROWS
 

@@ -1,11 +1,11 @@
-"""The store's named run reads (store.reads.RunReads, gfcr.storage.RunReads): each read
+"""The store's named run reads (store.reads.RunReads, gfcr.core.storage.RunReads): each read
 and each per-run view on a small store whose figures are worked out by hand here."""
 
 from __future__ import annotations
 
 import pytest
 
-from gfcr import storage
+from gfcr.core import storage
 from store.reads import RunReads
 from store.run_views import RUN_VIEWS
 

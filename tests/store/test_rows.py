@@ -9,8 +9,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import col
-from gfcr.row_filter import ATTEMPTS, RowFilter
+from gfcr.core.rollout import col
+from gfcr.core.row_filter import ATTEMPTS, RowFilter
 from store import _rows
 from store.history import History
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 from store import RolloutStore, StoreError
 from store._versions import SCHEMA_VERSION
 from tests.resources import old_store

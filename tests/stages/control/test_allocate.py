@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import GroupSample, RecyclePartials, RolloutAllocator, UniformSampler, Verify
 from stages.control.allocate import apportion, greedy_variance
 from stages.generate.rows import RECYCLE, RECYCLE_TYPE

@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gfcr.engine import Flight, Inflight
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.engine import Flight, Inflight
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import GroupSample, TokenBudget, UniformSampler, Verify
 from stages.control.budget import token_caps
 from store import RolloutStore

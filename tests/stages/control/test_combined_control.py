@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import (GRPO, ActivePartialRollouts, GroupSample, OnlinePrune, RecyclePartials,
                     RolloutAllocator, TokenBudget, UniformSampler, Verify)
 from stages.replay.recycle import recycle_counts

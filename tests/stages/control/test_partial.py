@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.engine import Flight, Inflight
-from gfcr.inprocess import SegmentHooks
-from gfcr.rounds import plan_defaults
-from gfcr.pipeline import PipelineError
-from gfcr.rollout import col
+from gfcr.core.engine import Flight, Inflight
+from gfcr.core.pipeline import PipelineError
+from gfcr.core.rollout import col
+from gfcr.runner.inprocess import SegmentHooks
+from gfcr.runner.rounds import plan_defaults
 from stages import (ActivePartialRollouts, GroupSample, OnlinePrune, RecyclePartials,
                     TokenBudget, UniformSampler, Verify)
 from stages.generate.rows import hold_unfinished_groups

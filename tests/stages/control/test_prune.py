@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gfcr.engine import Flight, Inflight
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.engine import Flight, Inflight
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import GRPO, GroupSample, OnlinePrune, UniformSampler, Verify
 from stages.control.prune import balance_prunes
 from stages.control.quality import FEATURES, Head, examples, features, fit

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from gfcr.rollout import PLAN_MAX_TURNS, RECYCLE, RECYCLE_TYPE, col
+from gfcr.core.rollout import PLAN_MAX_TURNS, RECYCLE, RECYCLE_TYPE, col
 from stages import TurnBudget
 from tests.resources.rollouts import context
 from tests.stages.control.test_allocate import History

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gfcr.engine import Flight, GenRequest, Inflight, SamplingParams
-from gfcr.inprocess import SegmentHooks
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.engine import Flight, GenRequest, Inflight, SamplingParams
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
+from gfcr.runner.inprocess import SegmentHooks
 from stages import HF, ActivePartialRollouts, TinyLlama
 from store import RolloutStore
 from stages.replay.recycle import recycle_counts

@@ -1,6 +1,6 @@
 """The engine contract, once, for every engine: HF, vLLM (CPU build) and the scripted test
 engine. Each test takes an engine case (engine + a temperature it samples at + a weight
-state that changes its outputs) and checks one clause of :mod:`gfcr.engine`."""
+state that changes its outputs) and checks one clause of :mod:`gfcr.core.engine`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from gfcr.engine import (Engine, FnHook, GenOutput, GenRequest, Inflight, SamplingParams)
+from gfcr.core.engine import (Engine, FnHook, GenOutput, GenRequest, Inflight, SamplingParams)
 from stages import HF
 from stages.engines.hf import token_logprobs
 from tests.resources.scripted import ScriptedEngine
@@ -247,9 +247,9 @@ def _state(engine: Any) -> Any:
 def test_a_pipeline_needing_a_capability_its_engine_lacks_is_refused_naming_both() -> None:
     from typing import ClassVar, Literal
 
-    from gfcr.pipeline import PipelineError
-    from gfcr.loading import load
-    from gfcr.stage import Spec, register
+    from gfcr.core.loading import load
+    from gfcr.core.pipeline import PipelineError
+    from gfcr.core.stage import Spec, register
 
     @register("engine")
     class OneShot(Spec):  # an engine that cannot segment, continue or teacher-force

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gfcr.engine import Engine, FnHook, GenRequest, Inflight, Policy, SamplingParams
+from gfcr.core.engine import Engine, FnHook, GenRequest, Inflight, Policy, SamplingParams
 from stages.engines.hf import HF, HFEngine, batch_token_logprobs, token_logprobs
 from stages.engines.tiny import CharTokenizer, TinyLlama
 

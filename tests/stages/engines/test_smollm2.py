@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gfcr.engine import GenRequest, SamplingParams, encode_prompt, stop_token_ids
+from gfcr.core.engine import GenRequest, SamplingParams, encode_prompt, stop_token_ids
 from stages.engines import smollm2
 from stages.engines.hf import HF, batch_token_logprobs
 from stages.engines.tiny import HFTokenizer
@@ -118,7 +118,7 @@ def _check_logprobs(policy: Any, requests: list[GenRequest], outs: list[Any],
 def test_a_pipeline_step_on_the_hf_engine_stores_the_engines_tokens(
         built: Any, tmp_path: Path) -> None:
     from gfcr import Evaluation, Pipeline
-    from gfcr.run import execute
+    from gfcr.launch.run import execute
     from stages import GRPO, GroupSample, ReasoningGym, UniformSampler, Verify
 
     task = ReasoningGym(dataset="chain_sum", train_size=8, heldout_size=2, config={

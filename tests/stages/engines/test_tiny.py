@@ -8,8 +8,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gfcr.engine import Tokenizer
-from gfcr.stage import REGISTRY
+from gfcr.core.engine import Tokenizer
+from gfcr.core.stage import REGISTRY
 from stages.engines.tiny import (ByteTokenizer, CharTokenizer, HFCheckpoint, HFTokenizer,
                                  TinyLlama)
 

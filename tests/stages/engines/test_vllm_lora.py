@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from gfcr.engine import GenRequest, SamplingParams
-from gfcr.inprocess import LocalGenerator, LocalLearner
+from gfcr.core.engine import GenRequest, SamplingParams
+from gfcr.runner.inprocess import LocalGenerator, LocalLearner
 from stages import GRPO
 from stages.engines.hf import batch_token_logprobs
 from stages.train.lora import LoraSpec

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gfcr.rollout import EPISODE_END, col
+from gfcr.core.rollout import EPISODE_END, col
 from stages.envs.feedback import Feedback
 from stages.envs.guess import GuessNumber
 from stages.envs.python_tool import INSTRUCTIONS

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import stages  # noqa: F401 - provides the sandbox to gfcr.codebox
+import stages  # noqa: F401 - provides the sandbox to gfcr.core.codebox
 from stages.envs.python_tool import PythonArithmetic
 from stages.envs.tools import parse_call
 from stages.filter.sandbox import unavailable

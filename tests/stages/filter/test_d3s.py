@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stages import D3S
-from gfcr.rollout import TOKEN_KEEP_RATIO
+from gfcr.core.rollout import TOKEN_KEEP_RATIO
 from stages.filter.d3s import max_variance_subset
 from stages.train.selection import token_mask
 from tests.resources.rollouts import context, rollouts
@@ -67,7 +67,7 @@ def test_groups_smaller_than_two_and_flat_groups_are_kept_whole():
 
 
 def test_the_group_advantages_the_subset_was_chosen_on_are_written_for_the_trainer():
-    from gfcr.rollout import D3S_ADVANTAGE
+    from gfcr.core.rollout import D3S_ADVANTAGE
     from stages.train.advantages import lookup_advantage
 
     table = rollouts(["g"] * 8 + ["h"], [1, 0, 0, 0, 0, 0, 0, 0, None])

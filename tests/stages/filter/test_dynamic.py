@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gfcr.run import execute
+from gfcr.launch.run import execute
 from stages import GRPO, DynamicSampling, GroupSample, UniformSampler, Verify
 from stages.filter.dynamic import zero_variance_groups
 from tests.conftest import tiny_pipeline

@@ -3,7 +3,7 @@
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import TURN_ADVANTAGES, TURNS_TYPE
+from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE
 from stages.filter._turns import discounted, step_rewards
 from stages.filter.gigpo import GiGPO
 from tests.resources.rollouts import context, rollouts

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from gfcr.pipeline import PipelineError
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.pipeline import PipelineError
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import GroupSample, Overlong, UniformSampler, Verify
 from stages.filter.overlong import length_penalty
 from tests.conftest import tiny_pipeline

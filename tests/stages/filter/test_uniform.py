@@ -8,8 +8,8 @@ from collections import Counter
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.rollout import col
-from gfcr.run import execute
+from gfcr.core.rollout import col
+from gfcr.launch.run import execute
 from stages import (D3S, GroupSample, Overlong, ResampleOnCorrect, TreeRollout, UniformSampler,
                     Verify)
 from stages.filter.roc import FORMAT_ERRORS

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 from stages import CodeTests, Sandbox, Verify
 from stages.filter.sandbox import unavailable
 from stages.filter.verifiers import Wrong

@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 from tests.conftest import SUMS
 from stages import CodeTests, Function, Match, MathAnswer, ReasoningGym, Sandbox, TaskScore, Verify
 from stages.filter.verifiers import Wrong, code_and_tests

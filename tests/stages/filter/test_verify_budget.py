@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gfcr.helper import call_with_timeout
-from gfcr.rollout import col
+from gfcr.core.rollout import col
+from gfcr.runner.helper import call_with_timeout
 from stages import Verify
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
 from tests.conftest import tiny_pipeline
@@ -90,7 +90,7 @@ def test_a_step_in_a_worker_stops_scoring_when_its_budget_is_spent():
 
 
 def test_a_scorer_that_fails_on_every_rollout_ends_the_run(tmp_path):
-    from gfcr.run import execute
+    from gfcr.launch.run import execute
     from stages import GRPO, GroupSample, UniformSampler
 
     p = tiny_pipeline(stages=[UniformSampler(batch=2), GroupSample(n=2, max_tokens=4),

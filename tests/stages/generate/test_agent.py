@@ -9,11 +9,11 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from gfcr.rollout import conform, loss_mask
+from gfcr.core.rollout import conform, loss_mask
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate.agent import AgentFailed
 from stages.generate._episodes import Episode
-from gfcr.chat import chat_format
+from gfcr.core.chat import chat_format
 from stages.generate._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer

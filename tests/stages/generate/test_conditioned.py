@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.rollout import PROMPT_SCHEMA, col, prompt_id
-from gfcr.run import execute
+from gfcr.core.rollout import PROMPT_SCHEMA, col, prompt_id
+from gfcr.launch.run import execute
 from stages import ConditionedSample, Exemplars, GroupSample, Hints, UniformSampler, Verify
 from stages.generate.conditioned import EXEMPLARS, HINT_TOKENS, hint_length
 from store import RolloutStore

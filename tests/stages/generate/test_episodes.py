@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gfcr.environment import Message, Step
-from gfcr.rollout import EPISODE_END, PROMPT_SCHEMA, TURN_COUNT, col, conform, loss_mask, prompt_id
+from gfcr.core.environment import Message, Step
+from gfcr.core.rollout import (EPISODE_END, PROMPT_SCHEMA, TURN_COUNT, col, conform, loss_mask,
+                               prompt_id)
 from stages import HF, TinyLlama
 from stages.generate.episodes import Episodes
 from tests.resources.chat import Recording, chat_policy

@@ -7,9 +7,9 @@ from typing import ClassVar, Literal
 
 import pyarrow as pa
 
-from gfcr.rollout import col
-from gfcr.run import execute
-from gfcr.stage import StageSpec, register
+from gfcr.core.rollout import col
+from gfcr.core.stage import StageSpec, register
+from gfcr.launch.run import execute
 from stages import GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

@@ -10,9 +10,9 @@ import math
 import pyarrow as pa
 import pytest
 
-from gfcr.pipeline import PipelineError
-from gfcr.rollout import NEW_TOKENS, col, prompt_id
-from gfcr.run import execute
+from gfcr.core.pipeline import PipelineError
+from gfcr.core.rollout import NEW_TOKENS, col, prompt_id
+from gfcr.launch.run import execute
 from stages import (ActivePartialRollouts, ConditionedSample, Exemplars, GroupSample, Hints,
                     RecyclePartials, TokenBudget, TreeRollout, UniformSampler, Verify)
 from stages.generate.conditioned import EXEMPLARS, HINT_TOKENS

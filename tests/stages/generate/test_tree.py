@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from gfcr.engine import FnHook
-from gfcr.rollout import PROMPT_SCHEMA, col, prompt_id
-from gfcr.run import execute
+from gfcr.core.engine import FnHook
+from gfcr.core.rollout import PROMPT_SCHEMA, col, prompt_id
+from gfcr.launch.run import execute
 from stages import HF, GRPO, ReasoningGym, TinyLlama, TreeRollout, UniformSampler, Verify
 from stages.engines.hf import token_logprobs
 from stages.generate.tree import BRANCH_POS, edit_ratio

@@ -8,9 +8,9 @@ import pyarrow.compute as pc
 import pytest
 from pydantic import ValidationError
 
-from gfcr.rollout import col, prompt_id
-from gfcr.row_filter import RowFilter
-from gfcr.stage import StepContext
+from gfcr.core.rollout import col, prompt_id
+from gfcr.core.row_filter import RowFilter
+from gfcr.core.stage import StepContext
 from stages import CrossRunReplay
 from store import RolloutStore
 from tests.resources.replay import Pool, attempts

@@ -3,7 +3,7 @@ store: which failed trajectories are branched, and the plan rows that start from
 
 import pyarrow as pa
 
-from gfcr.rollout import BRANCH, PROMPT_SCHEMA, stable_id
+from gfcr.core.rollout import BRANCH, PROMPT_SCHEMA, stable_id
 from stages import FissionBranch, GroupSample
 from store import History, RolloutStore
 from tests.resources.agentic import PROMPT, committed_run, episodes, turn

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from gfcr.rollout import col
-from gfcr.run import execute
-from gfcr.stage import StepContext
+from gfcr.core.rollout import col
+from gfcr.core.stage import StepContext
+from gfcr.launch.run import execute
 from stages import RecyclePartials
 from stages.generate.rows import RECYCLE
 from stages.replay.recycle import pending_partials, recycle_counts, recycled_plan

@@ -3,8 +3,8 @@ dropped its buffered rollouts on resume)."""
 
 from __future__ import annotations
 
-from gfcr.loop import run_step
-from gfcr.rollout import col
+from gfcr.core.rollout import col
+from gfcr.runner.loop import run_step
 from store import RolloutStore
 from tests.resources.control import april_pipeline, local_call, runtime
 

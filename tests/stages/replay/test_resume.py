@@ -1,7 +1,7 @@
 """Exact resume for the store-backed selectors and Rollout Replay.
 
-gfcr.run always starts a run at step 0, so a stop and resume is driven here through the
-loop itself (tests.resources.control.runtime, as gfcr.run builds it): a run stopped after
+gfcr.launch.run always starts a run at step 0, so a stop and resume is driven here through the
+loop itself (tests.resources.control.runtime, as gfcr.launch.run builds it): a run stopped after
 step 1 and continued in a new runtime from the learner's checkpoint commits exactly the
 rows of an uninterrupted run. And at the stage level: called later, with History as of
 step k while more steps have been committed since, every selector selects — and Rollout
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from gfcr.loop import run_step
-from gfcr.rollout import PROMPT_SCHEMA, col
+from gfcr.core.rollout import PROMPT_SCHEMA, col
+from gfcr.runner.loop import run_step
 from stages import (DOTS, GRPO, VADE, DynamicSampling, GroupSample, InSight, PromptGDRO,
                     RolloutReplay, Verify)
 from stages.replay._reads import as_rollouts

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.metrics import rollout_metrics
-from gfcr.rollout import col
+from gfcr.core.rollout import col
+from gfcr.runner.metrics import rollout_metrics
 from stages import RolloutReplay
 from store import History
 from tests.resources.replay import Pool, attempts, commit, context

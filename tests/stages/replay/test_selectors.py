@@ -111,7 +111,7 @@ def test_dots_predicts_unseen_prompts_from_similar_attempted_ones(store):
 
 
 def test_dots_without_history_draws_at_random_but_reproducibly():
-    from gfcr.stage import StepContext
+    from gfcr.core.stage import StepContext
 
     pool = Pool([f"{i} + {i} =" for i in range(30)])
     ctx = StepContext(run_id="r", step=0, seed=3, policy_version=0, task=pool)

@@ -17,11 +17,11 @@ import pytest
 from reasoning_gym.factory import DATASETS
 
 from gfcr import Evaluation, Pipeline
-from gfcr.inprocess import local_services
-from gfcr.loop import Runtime, run_step
-from gfcr.rollout import col
-from gfcr.stash import MemoryStash
-from gfcr.tokencheck import check_task
+from gfcr.core.rollout import col
+from gfcr.runner.inprocess import local_services
+from gfcr.runner.loop import Runtime, run_step
+from gfcr.runner.stash import MemoryStash
+from gfcr.runner.tokencheck import check_task
 from stages import HF, GroupSample, ReasoningGym, TinyLlama, UniformSampler, Verify
 from stages.filter.verify import ScorerFailed
 

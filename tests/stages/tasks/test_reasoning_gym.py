@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gfcr.rollout import PROMPT_SCHEMA, prompt_id
+from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 
 CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}

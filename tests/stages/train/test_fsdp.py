@@ -1,4 +1,4 @@
-"""The sharded learner (gfcr.sharded, stages.train.fsdp): two real torchrun processes over
+"""The sharded learner (gfcr.transport.sharded, stages.train.fsdp): two real torchrun processes over
 gloo, against the single-process GRPO learner on the same tiny Llama.
 
 A 2-rank and a 1-rank process group serve the module (``restart`` gives one another stage
@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gfcr import checkpoint
-from gfcr.pipeline import Checkpointing, LearnerPlacement, PipelineError
-from gfcr.run import execute
-from gfcr.sharded import Setup, ShardedLearner, ShardedLearnerError
-from gfcr.stage import StepContext
+from gfcr.core.pipeline import Checkpointing, LearnerPlacement, PipelineError
+from gfcr.core.stage import StepContext
+from gfcr.launch.run import execute
+from gfcr.runner import checkpoint
+from gfcr.transport.sharded import Setup, ShardedLearner, ShardedLearnerError
 from stages import GroupSample, UniformSampler, Verify
 from stages.train.grpo import GRPO
 from tests.conftest import tiny_pipeline

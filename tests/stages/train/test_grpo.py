@@ -146,7 +146,7 @@ def test_config_is_strict():
 
 
 def test_pipeline_refuses_a_train_temperature_other_than_the_sampling_one():
-    from gfcr.pipeline import PipelineError
+    from gfcr.core.pipeline import PipelineError
     from stages import ConditionedSample, GroupSample, UniformSampler, Verify
     from tests.conftest import tiny_pipeline
 

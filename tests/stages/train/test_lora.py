@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gfcr import checkpoint
-from gfcr.inprocess import LocalGenerator, LocalLearner
-from gfcr.weights import FileSync, WeightStore
+from gfcr.runner import checkpoint
+from gfcr.runner.inprocess import LocalGenerator, LocalLearner
+from gfcr.runner.weights import FileSync, WeightStore
 from stages import GRPO, HF
 from stages.engines.hf import batch_token_logprobs
 from stages.engines.torch_io import TORCH_IO
@@ -108,7 +108,7 @@ def _forced(model, prompts, completions):
 def test_the_hf_engine_generates_with_the_adapter(shared: bool) -> None:
     """Shared: the engine runs the learner's module (nothing moves); own copy (an
     asynchronous run's): only the adapter's tensors are copied in."""
-    from gfcr.engine import GenRequest, SamplingParams
+    from gfcr.core.engine import GenRequest, SamplingParams
 
     policy, learner = _live()
     own = policy if shared else TINY.build(seed=0)

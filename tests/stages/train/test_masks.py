@@ -87,9 +87,9 @@ def test_a_fully_hinted_row_is_not_trained_and_too_many_hints_raise():
 
 
 def test_a_forced_prefix_turn_trains_as_hint_tokens_do():
-    """The hint as a forced-prefix turn (gfcr.rollout.TURN_TYPE), with no hint_tokens
+    """The hint as a forced-prefix turn (gfcr.core.rollout.TURN_TYPE), with no hint_tokens
     column, gives the learner the gradient the hint_tokens column gives."""
-    from gfcr.rollout import with_turns
+    from gfcr.core.rollout import with_turns
 
     policy = TINY.build(seed=0)
     hinted = rollouts(policy, REWARDS, GROUPS, completions=LONG, hint_tokens=HINTS)

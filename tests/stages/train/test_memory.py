@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from gfcr.rollout import col
+from gfcr.core.rollout import col
 from stages import GRPO, TinyLlama
 from stages.engines.hf import batch_token_logprobs
 from stages.logprobs import completion_logits, completion_scores, gather_logprobs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gfcr.run import execute
+from gfcr.launch.run import execute
 from stages import (D3S, GRPO, ConditionedSample, DynamicSampling, Exemplars, GroupSample,
                     Hints, RolloutReplay, UniformSampler, Verify)
 from tests.conftest import tiny_pipeline

@@ -1,4 +1,4 @@
-"""Per-turn advantages in the learner (gfcr.rollout.TURN_ADVANTAGES): each loss token of a
+"""Per-turn advantages in the learner (gfcr.core.rollout.TURN_ADVANTAGES): each loss token of a
 turn trains on its turn's value, checked against the loss written out by hand."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from gfcr.rollout import TURN_ADVANTAGES, TURNS_TYPE
+from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE
 from stages.train.advantages import lookup_advantage
 from stages.train.batching import padded
 from stages.train.forward import sequence_logprobs

@@ -1,0 +1,98 @@
+"""``gfcr run``'s engine room: run a request through the gfcr flow (or in-process).
+
+With the Prefect executor ``gfcr run`` calls the module-level flow
+:func:`gfcr.launch.flow.pipeline_flow`, the one a deployment runs on a worker; with
+``--executor local`` it runs the same request without Prefect. Either way the first
+Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.runner.cancel`) and this
+raises :class:`~gfcr.runner.cancel.RunCancelled`; a second one stops at once
+(KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal
+from typing import Any, Callable
+
+from gfcr.commands.exits import RunExited, unfinished_exits_fail
+from gfcr.launch.flow import RunRequest, extra_hooks, pipeline_flow, run_request
+from gfcr.runner.cancel import RunCancelled, Stop, on_signals
+from gfcr.transport.executors import Executor, PrefectExecutor, named
+
+
+def run(request: RunRequest, executor: str, *, hooks: list[Any],
+        notify: Callable[[str], None]) -> Any:
+    """The run's RunSummary; raises RunCancelled when it was stopped at a step boundary,
+    RunExited when code it ran exited (an ``os._exit(0)`` exits with
+    gfcr.commands.exits.UNFINISHED), and what the run raised when it failed."""
+    with unfinished_exits_fail():
+        try:
+            return _run(request, named(executor), hooks=hooks, notify=notify)
+        except SystemExit as exc:  # code the run called exited: the run did not finish
+            raise RunExited(f"the run did not finish: code it ran called exit({exc.code!r}); "
+                            f"continue with: gfcr run --resume {request.run_id}") from exc
+
+
+def _run(request: RunRequest, chosen: Executor, *, hooks: list[Any],
+         notify: Callable[[str], None]) -> Any:
+    if isinstance(chosen, PrefectExecutor):
+        return _in_flow(request, hooks)
+    stop = Stop(notify=notify)
+    with on_signals(stop, last=True):
+        try:
+            return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
+        except Exception as exc:  # what the second signal interrupted raised, or the end
+            if stop.at_once:      # at the boundary it reached meanwhile: stopped at once
+                raise KeyboardInterrupt(f"stopped at once ({type(exc).__name__})") from exc
+            raise
+
+
+def stopping(console: Any) -> Callable[[str], None]:
+    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.runner.cancel)."""
+    return lambda why: console.print(
+        f"{why}: stopping after the step under way (again to stop at once)")
+
+
+def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
+    _shielded_temporary_server()
+    token = extra_hooks.set(tuple(hooks))
+    try:
+        named_flow = pipeline_flow.with_options(flow_run_name=request.run_id)
+        state = named_flow(**_parameters(request), return_state=True)
+        # a sync flow called with return_state gives its State (never an awaitable here)
+        assert not inspect.isawaitable(state)
+    finally:
+        extra_hooks.reset(token)
+    if state.is_cancelled():
+        raise RunCancelled(state.message or f"run {request.run_id!r} cancelled",
+                           run_id=request.run_id or "")
+    return state.result()
+
+
+def _shielded_temporary_server() -> None:
+    """Start Prefect's temporary server (used when no PREFECT_API_URL is set) with SIGINT
+    blocked, a mask the server process inherits. A terminal's Ctrl-C goes to the whole
+    foreground process group; without this it also stopped the server, so the run, which
+    stops at its next step boundary, could no longer record its state in Prefect and the
+    command ended in a connection error. Prefect stops the server with SIGTERM at exit;
+    a watcher stops it when this process dies otherwise (gfcr.transport.reaper)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():  # a real server: nothing of ours to shield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from gfcr.transport.reaper import dies_with_this_process
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with dies_with_this_process():  # kill -9 of this process included
+            SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _parameters(request: RunRequest) -> dict[str, Any]:
+    data = request.model_dump()
+    data["overrides"] = list(data["overrides"])
+    return data

@@ -1,0 +1,80 @@
+"""``gfcr engine-worker``: a long-lived process serving a pool's generate calls."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
+POOL_TIMEOUT = ("With --generate-pool or --score-pool: fail a step's call no worker "
+                "finished in this many s.")
+SCORE = "Run the scoring filter stages (Verify, ...) on the engine workers of POOL."
+FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
+         "for a fleet); --generate-timeout is each request's deadline.")
+"""``gfcr run``'s help for its engine-worker and fleet options."""
+
+
+def engine_worker(
+    pool: str = typer.Option(..., "--pool", help="The pool to serve (runs name it with "
+                                                 "--generate-pool)."),
+    name: Optional[str] = typer.Option(None, help="This worker's name in task run logs "
+                                                  "(default HOST:PID)."),
+    timeout: Optional[float] = typer.Option(None, help="Stop after this many seconds "
+                                                       "(default: serve until stopped)."),
+    import_: list[str] = typer.Option([], "--import", metavar="MODULE",
+                                      help="Import MODULE first: one that registers a task, "
+                                           "policy or stage the runs use (repeat)."),
+    key_file: Optional[str] = typer.Option(None, "--key-file", metavar="PATH",
+                                           help="The pool's key (runs of the pool sign "
+                                                "their calls with it); default: the file "
+                                                "GFCR_POOL_KEY_FILE names."),
+    allow_ref: list[str] = typer.Option([], "--allow-ref", metavar="MODULE:NAME",
+                                        help="Code the calls may name by import path (a "
+                                             "scorer function), besides the public names "
+                                             "of --import modules (repeat)."),
+    api_wait: float = typer.Option(30.0, "--api-wait", metavar="S",
+                                   help="Fail when the Prefect API does not answer within "
+                                        "this many seconds."),
+) -> None:
+    """Serve the generate stage of any run that names POOL, keeping each run's policy
+    loaded between its steps, and the scoring stages of any run that names it with
+    --score-pool. Needs PREFECT_API_URL (a real Prefect server) and the run
+    root's filesystem (weights and staged tables) and Prefect result storage shared with
+    the runs, and the pool's key: it runs only calls signed with it."""
+    from gfcr.transport.remote.call import check_pool
+    from gfcr.transport.remote.serve import serve_pool
+
+    try:
+        check_pool(pool)
+        serve_pool(pool, name=name, timeout=timeout, imports=tuple(import_),
+                   key_file=key_file, allow_refs=tuple(allow_ref), api_wait_s=api_wait)
+    except (ValueError, RuntimeError, ImportError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+engine_app = typer.Typer(no_args_is_help=True,
+                         help="A fleet's inference servers (runs name them with a fleet).")
+
+
+@engine_app.command("serve", context_settings={"allow_extra_args": True,
+                                               "ignore_unknown_options": True})
+def engine_serve(
+    ctx: typer.Context,
+    model: str = typer.Option(..., "--model", metavar="DIR",
+                              help="The model folder (config.json and safetensors)."),
+    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other hosts."),
+    dtype: str = typer.Option("float32", "--dtype", help="The engine's dtype (the "
+                                                         "pipeline's engine.dtype)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+) -> None:
+    """Run vLLM's own OpenAI-compatible server with what a gfcr fleet needs (token ids
+    in and out, gfcr's logprob convention, weights loaded by version; gfcr.transport.fleet_serve).
+    Options after the known ones go to vLLM as they are (e.g. --kv-cache-memory-bytes)."""
+    from gfcr.transport.fleet_serve import exec_server
+
+    exec_server(model, port=port, host=host, dtype=dtype, seed=seed,
+                max_model_len=max_model_len, extra=tuple(ctx.args))

@@ -1,0 +1,396 @@
+"""Running a pipeline: ``execute`` starts (or resumes) a run and drives it step by step.
+
+The run's stage calls go through an executor (:mod:`gfcr.transport.executors`: Prefect tasks by
+default, or plain in-process calls); both run the same loop code with the same seeds, so
+they give the same results. Tables stay in the orchestrating process (:mod:`gfcr.runner.stash`:
+in memory, spilled to Arrow files past a budget); the engine, the policy and the store
+connection stay there for the whole run too. A step's commit runs behind the next step,
+in order, finished before that step's history is read, before each checkpoint and before
+the run ends (:mod:`gfcr.runner.commits`).
+
+A run id the store already holds is continued, not restarted: from its newest checkpoint,
+replaying committed steps after it without committing them again (:mod:`gfcr.runner.resume`).
+Checkpoints are written after every ``checkpoint.every`` steps and after the last
+(:mod:`gfcr.runner.checkpoint`). A stop request (:mod:`gfcr.runner.cancel`) ends the run at the next
+step boundary, checkpointed, with the store's status ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from gfcr.core import names, storage
+from gfcr.core.pipeline import Pipeline
+from gfcr.core.services import AdapterLearner
+from gfcr.launch import placement
+from gfcr.report.publish import end_of_run_page
+from gfcr.runner import checkpoint, resume, rounds
+from gfcr.runner.cancel import RunCancelled, Stop, cancelled
+from gfcr.runner.commits import BackgroundCommits, Start
+from gfcr.runner.loop import Runtime, StepReport, run_step
+from gfcr.runner.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
+from gfcr.transport import prefect_crash
+from gfcr.transport.executors import Call, Executor, PrefectExecutor, named
+from gfcr.transport.progress import PrefectMilestones
+
+DEFAULT_ROOT = Path(".gfcr")
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+class Hook(Protocol):
+    """Observes a run from the orchestrating process (progress display, MLflow).
+
+    Methods take keyword arguments only, so new ones can be added without breaking
+    hooks written before them.
+    """
+
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool,
+                 store: Any, **kw: Any) -> None:
+        """``resumed``: the run id is an existing run, which this call continues;
+        ``store``: the run's open RolloutStore."""
+
+    def on_resume(self, *, step: int, path: Path, **kw: Any) -> None:
+        """A resumed run loaded the checkpoint after ``step`` from ``path``."""
+
+    def on_phase(self, *, phase: str, **kw: Any) -> None: ...
+
+    def on_progress(self, *, phase: str, done: int, total: int, **kw: Any) -> None:
+        """``done`` of ``total`` units of a counted phase (warm start steps, evaluated
+        prompts); see gfcr.transport.progress."""
+
+    def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
+        """An error repeated ``count`` times in one batch (a scorer's), reported once."""
+
+    def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
+                cpu: dict[str, float], **kw: Any) -> None:
+        """``replayed``: a step of a resumed run that was committed before (see
+        gfcr.runner.resume); its metrics were reported when it first ran. ``cpu``: each stage's
+        CPU seconds (gfcr.runner.loop.StageClock); its wall seconds are ``time/<stage>``
+        metrics."""
+
+    def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None: ...
+
+    def on_end(self, *, summary: "RunSummary", status: str, **kw: Any) -> None: ...
+
+
+def _emit(hooks: list[Any], method: str, **kw: Any) -> None:
+    for hook in hooks:
+        # getattr: hooks are keyword-only objects whose methods are all optional
+        fn = getattr(hook, method, None)
+        if fn is not None:
+            fn(**kw)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass
+class RunSummary:
+    """The outcome of a run, as ``gfcr run`` prints it."""
+
+    run_id: str
+    pipeline: str
+    spec_hash: str
+    store: str
+    mlflow: str | None
+    steps: int
+    rollouts: int
+    accuracy_before: float
+    """Held-out accuracy at the start of the run, before any training (warm start too)."""
+    accuracy_warmstart: float | None
+    """After the warm start, before the first step (None without a warm start)."""
+    accuracy_after: float
+    seconds: float
+    warmstart: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from: int | None = None
+    """The checkpoint step this call resumed from (None: not resumed from a checkpoint)."""
+    report: str | None = None
+    """The run's report page (gfcr.report.publish), written at its end."""
+
+    def as_dict(self) -> dict[str, Any]:
+        # getattr: the summary's own dataclass fields, by name
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def new_run_id(pipeline: Pipeline) -> str:
+    return f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
+            executor: Executor | str = "prefect", run_id: str | None = None,
+            hooks: list[Any] | None = None, store: Any = None,
+            stop: Stop | None = None, generate_pool: Any = None,
+            score_pool: Any = None) -> RunSummary:
+    """Run ``pipeline`` to completion and return its summary.
+
+    ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
+    of a run the store already holds resumes that run from its newest checkpoint (see
+    :mod:`gfcr.runner.resume`); the pipeline must then be that run's own, up to ``steps`` and
+    ``checkpoint``, or :class:`gfcr.runner.resume.ResumeError` is raised before anything is
+    written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
+    an :class:`~gfcr.transport.executors.Executor` or its name ("prefect", "local"). When ``stop``
+    is requested the run ends at the next step boundary and raises RunCancelled.
+    ``generate_pool`` and ``score_pool`` (a pool name or its settings) send the generate
+    and the scoring stages to engine workers (gfcr.transport.remote); None: this process.
+    """
+    lake = storage.backend()
+    root = Path(root).resolve()
+    if run_id is not None:
+        names.check_run_id(run_id)
+    run_id = run_id or new_run_id(pipeline)
+    chosen = named(executor) if isinstance(executor, str) else executor
+    hooks = list(hooks or []) + ([PrefectMilestones()] if isinstance(chosen, PrefectExecutor)
+                                 else [])
+    own_store = store is None
+    store = store or lake.open(root / "store")
+    try:
+        with lake.hold(store, run_id) as lease:  # one owner per run id, before any write
+            prefect_crash.after_takeover(run_id, lease)
+            stash = SpillStash(root / "staging" / run_id)
+            try:
+                resumed = resume.check(store, run_id, pipeline)
+                body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
+                             stop or Stop(), (generate_pool, score_pool), lease.check)
+                retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
+                return chosen.run(body, run_id=run_id, retried=retried)
+            finally:
+                shutil.rmtree(stash.root, ignore_errors=True)
+    finally:
+        if own_store:
+            store.close()
+
+
+def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
+          stash: Any, resumed: bool, stop: Stop, pools: tuple[Any, Any],
+          owned: Callable[[], None]) -> Callable[[Call, Start], RunSummary]:
+    def body(call: Call, start: Start) -> RunSummary:
+        started = time.perf_counter()
+        store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
+                        spec_hash=pipeline.spec_hash(), code_version=_code_version())
+        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
+              store=store)
+        status, commits, error, rt = "failed", BackgroundCommits(start), None, None
+        try:
+            _emit(hooks, "on_phase", phase="building the policy and the task")
+            warn = lambda m: _emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
+            rt, policy = placement.build(pipeline, run_id, root, stash, store, commits, pools,
+                                         warn)
+            summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
+                                  commits, stop, owned), started, resumed)
+            status = "finished"
+            return summary
+        except (RunCancelled, KeyboardInterrupt) as exc:
+            status, error = "cancelled", _reason(exc)
+            raise
+        except BaseException as exc:
+            error = _reason(exc)
+            if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
+                status = "cancelled"
+                raise KeyboardInterrupt(f"stopped at once ({error})") from exc
+            raise
+        finally:
+            stop.ending = True  # a second signal no longer interrupts (gfcr.runner.cancel)
+            try:
+                commits.wait()  # a commit in flight finishes, whatever else failed
+            finally:
+                if rt is not None:
+                    rt.services.close()
+                store.finish_run(run_id, status, error)
+                if status != "finished":
+                    _emit(hooks, "on_end", summary=None, status=status)
+    return body
+
+
+@dataclass
+class _Run:
+    """What the driving functions share: the run, its live objects and its executor."""
+
+    pipeline: Pipeline
+    root: Path
+    run_id: str
+    hooks: list[Any]
+    store: Any
+    call: Callable[..., Any]
+    rt: Runtime
+    policy: Any
+    commits: BackgroundCommits
+    stop: Stop
+    owned: Callable[[], None]
+    """Raises unless this process still holds the run's lease: called before each step,
+    checkpoint and end-of-run write (the store checks it before its own writes)."""
+
+    def evaluate_at(self, label: str, step: int) -> float:
+        """Held-out greedy accuracy, as the task ``evaluate[label]``; stored in the
+        ``evaluations`` table."""
+        ev, rt, name = self.pipeline.evaluation, self.rt, f"evaluate[{label}]"
+        heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
+        _emit(self.hooks, "on_phase", phase=name)
+        result = self.call(name, lambda: rt.services.generator.evaluate(
+            rt.task, heldout, handle=rt.services.learner.handle(), max_tokens=ev.max_tokens,
+            progress=self.progress(name)))
+        for message, count in result["errors"]:
+            _emit(self.hooks, "on_warning", count=count,
+                  message=f"{name}: the task's scorer raised (scored as wrong): {message}")
+        self.store.record_evaluation(self.run_id, step, label, accuracy=result["accuracy"],
+                                     n_prompts=int(result["n"]), temperature=0.0,
+                                     max_tokens=ev.max_tokens)
+        _emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
+        return result["accuracy"]
+
+    def progress(self, phase: str) -> Callable[[int, int], None]:
+        """``progress(done, total)`` of ``phase``, for the hooks (gfcr.transport.progress)."""
+        return lambda done, total: _emit(self.hooks, "on_progress", phase=phase, done=done,
+                                         total=total)
+
+
+def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
+    """Start (or resume), run the remaining steps, evaluate, summarise."""
+    p, store = run.pipeline, run.store
+    ckpt = checkpoint.latest(checkpoint.directory(run.root, run.run_id)) if resumed else None
+    if ckpt is None:
+        progress = _start(run)
+    else:
+        services = run.rt.services
+        _rebuild_base(run)
+        progress = checkpoint.restore(ckpt, policy=run.policy, learner=services.learner,
+                                      engine=services.generator)
+        services.generator.load(services.learner.handle())
+        rounds.resume_ahead(run.rt, run.run_id, checkpoint.ahead(ckpt))
+        _emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
+    last = store.last_step(run.run_id) if resumed else None
+    first = 0 if ckpt is None else ckpt.step + 1
+    for step in range(first, p.steps):
+        if run.stop.requested:
+            _cancel(run, step - 1 if step > first else (None if ckpt is None else ckpt.step),
+                    progress, saved=step == first)
+        _step(run, step, progress, replayed=last is not None and step <= last)
+    after = run.evaluate_at(f"step={p.steps}", p.steps)
+    run.commits.wait()
+    initial, start = progress["accuracy_initial"], progress["accuracy_start"]
+    summary = RunSummary(
+        run_id=run.run_id, pipeline=p.name, spec_hash=p.spec_hash(), store=str(store.uri),
+        mlflow=None, steps=p.steps,
+        rollouts=storage.backend().reads(store).rollout_count(run.run_id),
+        accuracy_before=start if initial is None else initial,
+        accuracy_warmstart=None if initial is None else start, accuracy_after=after,
+        seconds=time.perf_counter() - started, warmstart=progress["warmstart"],
+        history=progress["history"], resumed_from=None if ckpt is None else ckpt.step)
+    run.owned()
+    summary.report = end_of_run_page(store, run.run_id, run.root)
+    _emit(run.hooks, "on_end", summary=summary, status="finished")
+    return summary
+
+
+def _start(run: _Run) -> dict[str, Any]:
+    """A run's beginning: evaluate, warm start, evaluate again. Returns the progress
+    record that checkpoints carry (see gfcr.runner.checkpoint)."""
+    p = run.pipeline
+    progress: dict[str, Any] = {"accuracy_initial": None, "accuracy_start": None,
+                                "warmstart": {}, "history": []}
+    if p.warmstart is not None:
+        progress["accuracy_initial"] = run.evaluate_at("initial", 0)
+        _emit(run.hooks, "on_phase", phase="warmstart")
+        progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
+            run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
+            progress=run.progress("warmstart"))))
+        run.rt.services.generator.load(run.rt.services.learner.publish())
+    progress["accuracy_start"] = run.evaluate_at("step=0", 0)
+    return progress
+
+
+def _rebuild_base(run: _Run) -> None:
+    """Before a resume: a learner whose checkpoints hold only an adapter (LoRA) trained it
+    over the base this run built, the policy after its warm start: run the warm start
+    again (from its cache) and give the generator that base; the checkpoint's adapter
+    then loads on it (refused if the base differs, stages.train.lora)."""
+    p, services = run.pipeline, run.rt.services
+    learner = services.learner
+    if p.warmstart is None or not (isinstance(learner, AdapterLearner) and
+                                   learner.adapter_only):
+        return
+    _emit(run.hooks, "on_phase", phase="warmstart")
+    run.call("warmstart", lambda: p.warmstart.run(
+        run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
+        progress=run.progress("warmstart")))
+    services.generator.load(learner.handle())
+
+
+def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> None:
+    """One step, then a checkpoint when one is due. A replayed step (committed before a
+    resume) runs without committing and is checked against the store instead."""
+    p, ev = run.pipeline, run.pipeline.evaluation
+    run.owned()
+    rt = replace(run.rt, record=run.rt.record.replaying()) if replayed else run.rt
+    report: StepReport = run_step(rt, run.run_id, step, run.call)
+    if replayed and report.rollouts is not None:
+        table = run.rt.stash.get(report.rollouts)
+        report.metrics["resume/replay_mismatch"] = float(
+            resume.replay_mismatch(run.store, run.run_id, step, table))
+    elif ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
+        report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
+    progress["history"].append(report.metrics)
+    # step - 1's commit is done: this step handed its own over only after it (or, a
+    # replayed step, came before any commit of this call)
+    run.rt.stash.forget(f"{step - 1}/")
+    if _checkpoint_due(p, step):
+        _checkpoint(run, step, progress)
+    run.owned()  # no step reported to the hooks (MLflow) by a run that lost its lease
+    for message, count in ([] if replayed else report.errors):
+        _emit(run.hooks, "on_warning", count=count,
+              message=f"a scorer raised on rollouts (kept as score_error): {message}")
+    _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed,
+          cpu=report.cpu)
+
+
+def _checkpoint_due(p: Pipeline, step: int) -> bool:
+    every = p.checkpoint.every
+    return step == p.steps - 1 or bool(every and (step + 1) % every == 0)
+
+
+def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
+    """The checkpoint after ``step``, once the step's commit is done (gfcr.runner.resume), with
+    the batches generated ahead of it (gfcr.runner.rounds)."""
+    p, services = run.pipeline, run.rt.services
+    run.commits.wait()
+    run.owned()
+    return Path(run.call(f"checkpoint[step={step}]", lambda: str(checkpoint.save(
+        checkpoint.directory(run.root, run.run_id), run_id=run.run_id, step=step,
+        spec_hash=p.spec_hash(), policy=run.policy, learner=services.learner,
+        engine=services.generator, progress=progress, keep=p.checkpoint.keep,
+        ahead=rounds.in_flight(run.rt)).path)))
+
+
+def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: bool) -> None:
+    """Stop at this step boundary: the commit in flight finishes, the last whole step
+    is checkpointed (unless it already is: ``saved``), and RunCancelled is raised."""
+    run.commits.wait()
+    path = None
+    if last is not None and (saved or _checkpoint_due(run.pipeline, last)):
+        newest = checkpoint.latest(checkpoint.directory(run.root, run.run_id))
+        path = None if newest is None else newest.path
+    elif last is not None:
+        path = _checkpoint(run, last, progress)
+    raise cancelled(run.run_id, last_step=last, checkpoint=path, reason=run.stop.reason)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a run failed, for the store's ``runs.error``: the exception, on one short line."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _code_version() -> str:
+    from importlib.metadata import version
+
+    return f"gfcr {version('gfcr')}"

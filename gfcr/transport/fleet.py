@@ -1,0 +1,184 @@
+"""Generation on a fleet of the inference engine's own servers (issue 24).
+
+A run names its fleet with :class:`Fleet` (the servers' URLs, each started with
+``gfcr engine serve``) as its generate placement, and :class:`FleetGenerator` is then
+its generator (gfcr.core.services.Generator): each generate call runs on the run's thread
+(or, with ``max_staleness > 0``, on one thread behind it) through the engine config's
+fleet engine (gfcr.core.capabilities.EngineFleet: vLLM's is stages.engines.fleet), which
+splits the call's requests across the servers by group and sends them concurrently.
+Nothing of Prefect is on this data path: a server is a vLLM HTTP server, a request a
+POST, so a Prefect API restart loses nothing and a lost server loses only its requests
+in flight, which go to the others.
+
+Weights by version (:class:`gfcr.runner.weights.FileSync`): each version the learner hands out
+is written once, in the engine's dtype, as a versioned folder (manifest last) under
+``Fleet.weights`` (default: the run root's ``weights/RUN_ID``, which the servers must
+read), then every server loads it and labels it ``"<version>:<publication id>"``; the
+labels vLLM puts on sampled tokens are checked against it, so every row's
+``policy_version_*`` is the version that sampled its tokens. On GPUs the same protocol
+fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gfcr.core.capabilities import EngineFleet, EngineSpec, WeightsDtype
+from gfcr.core.services import Done, Pending, WeightHandle, awake
+from gfcr.core.stage import Generate, OnSegment, StepContext
+from gfcr.runner.evaluation import evaluate
+from gfcr.runner.inprocess import SegmentHooks
+from gfcr.runner.weights import FileSync, WeightStore, directory
+
+
+class Fleet(BaseModel):
+    """Where a run generates: vLLM servers started with ``gfcr engine serve``.
+
+    >>> Fleet(urls=("http://gpu-a:8000", "http://gpu-b:8000")).attempts
+    3
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    urls: tuple[str, ...] = Field(min_length=1)
+    """The servers' base URLs (``http://host:port``), each listed once."""
+    timeout_s: float = Field(300.0, gt=0.0)
+    """A request's deadline: past it the request is aborted and sent to another server."""
+    attempts: int = Field(3, ge=1)
+    """Tries per request across the fleet before the run fails."""
+    keep: int = Field(3, ge=2)
+    """Published versions kept (at least ``max_staleness + 2`` in any case)."""
+    weights: str | None = None
+    """A folder the servers read published versions from (its ``RUN_ID`` subfolder);
+    None: the run root's ``weights`` folder."""
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"fleet urls must start with http:// or https://: {bad}")
+        stripped = [u.rstrip("/") for u in urls]
+        twice = sorted({u for u in stripped if stripped.count(u) > 1})
+        if twice:
+            raise ValueError(f"fleet urls must each be listed once: {twice} appear twice")
+        return tuple(stripped)
+
+
+def for_run(fleet: Fleet, pipeline: Any, run_id: str, root: Path, policy: Any,
+            notify: Callable[[str], None]) -> "FleetGenerator":
+    """The generator of ``run_id`` on ``fleet``; it generates nothing in this process."""
+    spec = pipeline.engine
+    if not isinstance(spec, EngineFleet):
+        raise ValueError(f"placement fleet: engine {getattr(spec, 'type', spec)!r} cannot "
+                         f"run as a fleet of servers; use engine=vllm (its servers are "
+                         f"started with `gfcr engine serve`)")
+    engine = spec.fleet(policy, list(fleet.urls), timeout_s=fleet.timeout_s,
+                        attempts=fleet.attempts, notify=notify)
+    where = Path(fleet.weights) / run_id if fleet.weights else directory(root, run_id)
+    store = WeightStore(where, policy.io, keep=max(fleet.keep, pipeline.max_staleness + 2))
+    dtype = spec.weights_dtype if isinstance(spec, WeightsDtype) else None
+    capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()
+    if pipeline.max_staleness:  # the learner's policy runs ahead of the fleet's weights
+        capabilities = capabilities - {"teacher_forcing"}
+    return FleetGenerator(engine, FileSync(store, run_id, dtype), capabilities=capabilities,
+                          background=bool(pipeline.max_staleness))
+
+
+class FleetGenerator:
+    """A fleet engine as the run's generator (see the module docstring). Calls run in
+    submission order, each with the weights loaded before it was submitted: a load
+    behind calls in flight is published at once (the learner may update again) and
+    reaches the servers after those calls."""
+
+    def __init__(self, engine: Any, sync: FileSync, *, capabilities: frozenset[str],
+                 background: bool) -> None:
+        self.engine, self.sync = engine, sync
+        self._capabilities = capabilities
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gfcr-fleet-calls") \
+            if background else None
+        self._futures: list[Future] = []
+        self._loaded: int | None = None
+        self.reloads: list[tuple[int, float]] = []
+        """(version, seconds) of the fleet's reloads since the last step's metrics
+        (publication excluded)."""
+        self._sent = 0
+        self.publish_s = 0.0  # writing versions since the last step's metrics
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version) if self._loaded is None else self._loaded
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self._capabilities
+
+    def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
+               hooks: list[OnSegment]) -> Pending:
+        def fn() -> pa.Table:
+            on_segment = SegmentHooks(ctx, hooks) if hooks else None
+            return gen.generate(ctx, plan, self.engine, on_segment)
+        return self._run(fn)
+
+    def load(self, handle: WeightHandle) -> None:
+        """Publish ``handle`` now; the servers load it before the next call."""
+        started = time.perf_counter()
+        self.sync.send(handle)  # written once per version, in the engine's dtype
+        self.publish_s += time.perf_counter() - started
+        published = self.sync.store.get(handle.version)
+        self._loaded = handle.version
+        self._run(lambda: self._reload(published.path, handle.version, published.ident))
+
+    def _reload(self, path: Path, version: int, ident: str) -> None:
+        seconds = self.engine.load(str(path.resolve()), version, ident)
+        self.reloads.append((version, seconds))
+
+    def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
+                 max_tokens: int, progress: Callable[[int, int], None] | None
+                 ) -> dict[str, Any]:
+        if handle.version != self.version:
+            self.load(handle)
+        self.drain()
+        return evaluate(task, self.engine, prompts, max_tokens=max_tokens,
+                        progress=progress)
+
+    def asleep(self) -> contextlib.AbstractContextManager[None]:
+        return awake()  # the servers hold their own accelerators
+
+    def step_metrics(self, ctx: StepContext, rollouts: pa.Table) -> dict[str, float]:
+        """Since the last step's metrics: requests sent, seconds writing versions and
+        the servers' reloads; and the servers still live."""
+        sent, self._sent = self.engine.requests - self._sent, self.engine.requests
+        live = len(self.engine.servers) - len(self.engine.down)
+        reload_s = sum(seconds for _, seconds in self.reloads)
+        self.reloads = []
+        metrics = {"fleet/requests": float(sent), "fleet/servers_live": float(live),
+                   "fleet/publish_s": self.publish_s, "fleet/reload_s": reload_s}
+        self.publish_s = 0.0
+        return metrics
+
+    def drain(self) -> None:
+        """Wait until nothing submitted is still running."""
+        for future in self._futures:
+            future.exception()
+        self._futures = []
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self.engine.close()
+
+    def _run(self, fn: Callable[[], Any]) -> Pending:
+        if self._pool is None:
+            return Done(fn())
+        self._futures = [f for f in self._futures if not f.done()]
+        future = self._pool.submit(fn)
+        self._futures.append(future)
+        return future
