@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from gfcr.core.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
     from gfcr.core.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
                                  register)
-    from gfcr.launch.run import RunSummary, execute
+    from gfcr.launch.hooks import RunSummary
+    from gfcr.launch.run import execute
 
 _WHERE = {
     "gfcr.core.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
@@ -32,7 +33,8 @@ _WHERE = {
                       "PipelineError"),
     "gfcr.core.loading": ("load",),
     "gfcr.core.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
-    "gfcr.launch.run": ("RunSummary", "execute"),
+    "gfcr.launch.hooks": ("RunSummary",),
+    "gfcr.launch.run": ("execute",),
     "gfcr.core.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
                       "WeightSync"),
     "gfcr.core.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",

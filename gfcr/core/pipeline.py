@@ -21,13 +21,13 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from gfcr.core import problems as collect
 
 from gfcr.core import names, overrides, yamlfile
-from gfcr.core.capabilities import PipelineRule, check_engine
-from gfcr.core.rollout import PLAN_COLUMNS, PROMPT_COLUMNS
+from gfcr.core.capabilities import check_engine
+from gfcr.core.composition import check_stages
+from gfcr.core.composition import check_stages
 from gfcr.core.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
                                 LearnerPlacement, RewardRange)
 from gfcr.core.sizes import check_sizes
-from gfcr.core.stage import (ON_SEGMENT, PHASES, REFILL, REGISTRY, STAGE_ORDER, Spec,
-                             Stage, StageSpec, load_plugins, lookup)
+from gfcr.core.stage import REGISTRY, STAGE_ORDER, Spec, StageSpec, load_plugins, lookup
 
 COMPONENTS = ("task", "policy", "engine", "warmstart")
 """Pipeline fields resolved through the registry, by the kind of the same name."""
@@ -249,11 +249,7 @@ def check(p: Pipeline) -> list[str]:
     if len(stages) != len(p.stages):
         problems.append("stages: every entry must be a registered stage")
         return problems
-    _check_order(stages, problems)
-    _check_names(stages, problems)
-    _check_columns(stages, problems)
-    _check_owners(stages, problems)
-    _check_stage_rules(stages, problems)
+    check_stages(stages, problems, reserved=set(Pipeline.model_fields))
     check_engine(p.engine, stages, problems)
     check_sizes(p.task, p.evaluation, stages, problems)
     return problems
@@ -270,80 +266,3 @@ def _check_components(p: Pipeline, problems: list[str]) -> None:
             problems.append(f"{key}: required")
         elif value is not None and type(value) not in REGISTRY[key].values():
             problems.append(f"{key}: {type(value).__name__} is not a registered {key}")
-
-
-def _check_order(stages: list[StageSpec], problems: list[str]) -> None:
-    generators = [s.label for s in stages if s.kind == "generate"]
-    if len(generators) != 1:
-        problems.append(f"stages: exactly one generate stage is needed, found "
-                        f"{len(generators)} ({', '.join(generators) or 'none'})")
-    trainers = [s.label for s in stages if s.kind == "train"]
-    if len(trainers) > 1:
-        problems.append(f"stages: at most one train stage, found {', '.join(trainers)}")
-    for before, after in zip(stages, stages[1:]):
-        if STAGE_ORDER.index(after.kind) < STAGE_ORDER.index(before.kind):
-            problems.append(f"stage {after.label!r} ({after.kind}) comes after "
-                            f"{before.label!r} ({before.kind}); kinds must follow the order "
-                            f"{' -> '.join(STAGE_ORDER)}")
-
-
-def _check_names(stages: list[StageSpec], problems: list[str]) -> None:
-    seen: set[str] = set()
-    reserved = set(Pipeline.model_fields)
-    for s in stages:
-        if s.label in seen:
-            problems.append(f"stage name {s.label!r} is used twice; give one a `name`")
-        if s.label in reserved:
-            problems.append(f"stage name {s.label!r} clashes with the pipeline field of "
-                            "that name; give it another `name`")
-        seen.add(s.label)
-
-
-def execution_order(stages: Iterable[StageSpec]) -> list[tuple[str, Stage]]:
-    """(phase, stage) in the order the loop runs them (gfcr.core.stage.PHASES: select,
-    allocate, generate, apply, augment, learner; on_segment hooks run inside generate and
-    shortfall after the filters, so they are not listed)."""
-    stages = list(stages)
-    return [(phase.method, s) for phase in PHASES if phase not in (ON_SEGMENT, REFILL)
-            for s in phase.of(stages)]
-
-
-def _check_columns(stages: list[StageSpec], problems: list[str]) -> None:
-    available = set(PROMPT_COLUMNS) | PLAN_COLUMNS
-    checked: set[int] = set()
-    for _, s in execution_order(stages):
-        if id(s) not in checked:
-            for column in sorted(set(s.reads) - available):
-                problems.append(f"stage {s.label!r} reads column {column!r}, which no "
-                                "upstream stage writes")
-            checked.add(id(s))
-        available |= set(s.writes)
-
-
-def _check_stage_rules(stages: list[StageSpec], problems: list[str]) -> None:
-    """What each stage's optional ``check_pipeline(stages)`` reports about the others."""
-    for s in stages:
-        if isinstance(s, PipelineRule):
-            problems.extend(s.check_pipeline(tuple(stages)))
-
-
-DECISIONS = {
-    "stop": "which in-flight rollouts end early and are kept as partial rollouts",
-    "prune": "which in-flight rollouts are discarded",
-    "n": "how many samples each prompt gets",
-    "max_tokens": "each prompt's token cap",
-    "max_turns": "each episode's turn cap",
-}
-"""What the exclusive decisions (``StageSpec.owns``) of the shipped stages decide."""
-
-
-def _check_owners(stages: list[StageSpec], problems: list[str]) -> None:
-    owners: dict[str, str] = {}
-    for s in stages:
-        for decision in sorted(s.owns):
-            if decision in owners:
-                what = f" ({DECISIONS[decision]})" if decision in DECISIONS else ""
-                problems.append(f"stages {owners[decision]!r} and {s.label!r} both own the "
-                                f"{decision!r} decision{what}: only one stage may take it, "
-                                "or each rule would undo the other's; keep one of them")
-            owners.setdefault(decision, s.label)

@@ -20,14 +20,15 @@ from __future__ import annotations
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from gfcr.core import names, storage
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import AdapterLearner
 from gfcr.launch import placement
+from gfcr.launch.hooks import RunSummary, emit
 from gfcr.report.publish import end_of_run_page
 from gfcr.runner import checkpoint, resume, rounds
 from gfcr.runner.cancel import RunCancelled, Stop, cancelled
@@ -39,85 +40,6 @@ from gfcr.transport.executors import Call, Executor, PrefectExecutor, named
 from gfcr.transport.progress import PrefectMilestones
 
 DEFAULT_ROOT = Path(".gfcr")
-
-
-# --------------------------------------------------------------------------- hooks
-
-
-class Hook(Protocol):
-    """Observes a run from the orchestrating process (progress display, MLflow).
-
-    Methods take keyword arguments only, so new ones can be added without breaking
-    hooks written before them.
-    """
-
-    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool,
-                 store: Any, **kw: Any) -> None:
-        """``resumed``: the run id is an existing run, which this call continues;
-        ``store``: the run's open RolloutStore."""
-
-    def on_resume(self, *, step: int, path: Path, **kw: Any) -> None:
-        """A resumed run loaded the checkpoint after ``step`` from ``path``."""
-
-    def on_phase(self, *, phase: str, **kw: Any) -> None: ...
-
-    def on_progress(self, *, phase: str, done: int, total: int, **kw: Any) -> None:
-        """``done`` of ``total`` units of a counted phase (warm start steps, evaluated
-        prompts); see gfcr.transport.progress."""
-
-    def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
-        """An error repeated ``count`` times in one batch (a scorer's), reported once."""
-
-    def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
-                cpu: dict[str, float], **kw: Any) -> None:
-        """``replayed``: a step of a resumed run that was committed before (see
-        gfcr.runner.resume); its metrics were reported when it first ran. ``cpu``: each stage's
-        CPU seconds (gfcr.runner.loop.StageClock); its wall seconds are ``time/<stage>``
-        metrics."""
-
-    def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None: ...
-
-    def on_end(self, *, summary: "RunSummary", status: str, **kw: Any) -> None: ...
-
-
-def _emit(hooks: list[Any], method: str, **kw: Any) -> None:
-    for hook in hooks:
-        # getattr: hooks are keyword-only objects whose methods are all optional
-        fn = getattr(hook, method, None)
-        if fn is not None:
-            fn(**kw)
-
-
-# --------------------------------------------------------------------------- summary
-
-
-@dataclass
-class RunSummary:
-    """The outcome of a run, as ``gfcr run`` prints it."""
-
-    run_id: str
-    pipeline: str
-    spec_hash: str
-    store: str
-    mlflow: str | None
-    steps: int
-    rollouts: int
-    accuracy_before: float
-    """Held-out accuracy at the start of the run, before any training (warm start too)."""
-    accuracy_warmstart: float | None
-    """After the warm start, before the first step (None without a warm start)."""
-    accuracy_after: float
-    seconds: float
-    warmstart: dict[str, float] = field(default_factory=dict)
-    history: list[dict[str, float]] = field(default_factory=list)
-    resumed_from: int | None = None
-    """The checkpoint step this call resumed from (None: not resumed from a checkpoint)."""
-    report: str | None = None
-    """The run's report page (gfcr.report.publish), written at its end."""
-
-    def as_dict(self) -> dict[str, Any]:
-        # getattr: the summary's own dataclass fields, by name
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 # --------------------------------------------------------------------------- running
@@ -178,12 +100,12 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                         spec_hash=pipeline.spec_hash(), code_version=_code_version())
-        _emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
+        emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
               store=store)
         status, commits, error, rt = "failed", BackgroundCommits(start), None, None
         try:
-            _emit(hooks, "on_phase", phase="building the policy and the task")
-            warn = lambda m: _emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
+            emit(hooks, "on_phase", phase="building the policy and the task")
+            warn = lambda m: emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
             rt, policy = placement.build(pipeline, run_id, root, stash, store, commits, pools,
                                          warn)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
@@ -208,7 +130,7 @@ def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: 
                     rt.services.close()
                 store.finish_run(run_id, status, error)
                 if status != "finished":
-                    _emit(hooks, "on_end", summary=None, status=status)
+                    emit(hooks, "on_end", summary=None, status=status)
     return body
 
 
@@ -235,22 +157,22 @@ class _Run:
         ``evaluations`` table."""
         ev, rt, name = self.pipeline.evaluation, self.rt, f"evaluate[{label}]"
         heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
-        _emit(self.hooks, "on_phase", phase=name)
+        emit(self.hooks, "on_phase", phase=name)
         result = self.call(name, lambda: rt.services.generator.evaluate(
             rt.task, heldout, handle=rt.services.learner.handle(), max_tokens=ev.max_tokens,
             progress=self.progress(name)))
         for message, count in result["errors"]:
-            _emit(self.hooks, "on_warning", count=count,
+            emit(self.hooks, "on_warning", count=count,
                   message=f"{name}: the task's scorer raised (scored as wrong): {message}")
         self.store.record_evaluation(self.run_id, step, label, accuracy=result["accuracy"],
                                      n_prompts=int(result["n"]), temperature=0.0,
                                      max_tokens=ev.max_tokens)
-        _emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
+        emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
         return result["accuracy"]
 
     def progress(self, phase: str) -> Callable[[int, int], None]:
         """``progress(done, total)`` of ``phase``, for the hooks (gfcr.transport.progress)."""
-        return lambda done, total: _emit(self.hooks, "on_progress", phase=phase, done=done,
+        return lambda done, total: emit(self.hooks, "on_progress", phase=phase, done=done,
                                          total=total)
 
 
@@ -267,7 +189,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
                                       engine=services.generator)
         services.generator.load(services.learner.handle())
         rounds.resume_ahead(run.rt, run.run_id, checkpoint.ahead(ckpt))
-        _emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
+        emit(run.hooks, "on_resume", step=ckpt.step, path=ckpt.path)
     last = store.last_step(run.run_id) if resumed else None
     first = 0 if ckpt is None else ckpt.step + 1
     for step in range(first, p.steps):
@@ -288,7 +210,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
         history=progress["history"], resumed_from=None if ckpt is None else ckpt.step)
     run.owned()
     summary.report = end_of_run_page(store, run.run_id, run.root)
-    _emit(run.hooks, "on_end", summary=summary, status="finished")
+    emit(run.hooks, "on_end", summary=summary, status="finished")
     return summary
 
 
@@ -300,7 +222,7 @@ def _start(run: _Run) -> dict[str, Any]:
                                 "warmstart": {}, "history": []}
     if p.warmstart is not None:
         progress["accuracy_initial"] = run.evaluate_at("initial", 0)
-        _emit(run.hooks, "on_phase", phase="warmstart")
+        emit(run.hooks, "on_phase", phase="warmstart")
         progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
             run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
             progress=run.progress("warmstart"))))
@@ -319,7 +241,7 @@ def _rebuild_base(run: _Run) -> None:
     if p.warmstart is None or not (isinstance(learner, AdapterLearner) and
                                    learner.adapter_only):
         return
-    _emit(run.hooks, "on_phase", phase="warmstart")
+    emit(run.hooks, "on_phase", phase="warmstart")
     run.call("warmstart", lambda: p.warmstart.run(
         run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
         progress=run.progress("warmstart")))
@@ -347,9 +269,9 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
         _checkpoint(run, step, progress)
     run.owned()  # no step reported to the hooks (MLflow) by a run that lost its lease
     for message, count in ([] if replayed else report.errors):
-        _emit(run.hooks, "on_warning", count=count,
+        emit(run.hooks, "on_warning", count=count,
               message=f"a scorer raised on rollouts (kept as score_error): {message}")
-    _emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed,
+    emit(run.hooks, "on_step", step=step, metrics=report.metrics, replayed=replayed,
           cpu=report.cpu)
 
 

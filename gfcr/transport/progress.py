@@ -1,7 +1,7 @@
 """What a run shows while it runs: rich progress bars on the console, and the same
 milestones in the Prefect flow run's logs.
 
-The runner reports through hook methods (gfcr.launch.run.Hook): ``on_phase`` (a phase begins),
+The runner reports through hook methods (gfcr.launch.hooks.Hook): ``on_phase`` (a phase begins),
 ``on_progress`` (``done`` of ``total`` in a phase with counts: the warm start's steps,
 evaluation's prompts), ``on_eval``, ``on_step``, ``on_warning`` (a repeated error, once per
 step with its count) and ``on_end``. :class:`ProgressBars` draws them; every phase gets its

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from gfcr.core.pipeline import execution_order
+from gfcr.core.composition import execution_order
 from gfcr.core.stage import (AUGMENT, FILTER, PHASES, SELECT, Augment, FilterResult, Select,
                              StageSpec, register)
 from stages import GRPO, DynamicSampling, GroupSample, UniformSampler, Verify

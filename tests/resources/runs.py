@@ -28,7 +28,8 @@ import pyarrow as pa
 
 from gfcr import Evaluation
 from gfcr.core.rollout import ROLLOUT_SCHEMA
-from gfcr.launch.run import RunSummary, execute
+from gfcr.launch.hooks import RunSummary
+from gfcr.launch.run import execute
 from tests.conftest import tiny_pipeline
 
 
