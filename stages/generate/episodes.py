@@ -79,7 +79,7 @@ class Episodes(StageSpec):
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of every policy turn; 0 is greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.engine)."""
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.core.engine)."""
     max_turns: int = Field(4, ge=1)
     """Policy turns per episode."""
     max_tokens: int = Field(16, ge=1)
