@@ -55,7 +55,10 @@ def pipeline(engine: str, seed: int, args: argparse.Namespace) -> Pipeline:
                  f"uniform.batch={args.batch}", f"episodes.n={args.n}",
                  f"grpo.lr={args.lr}", *ENGINES[engine]]
     data = agentic.with_overrides(overrides).to_dict()
-    data["warmstart"] = _runs.SharedWarmStart(sft=load("default").warmstart, cache=str(args.cache))
+    sft = load("default").warmstart
+    if args.warm_steps:  # a shorter warm start, where the default's is too slow to train
+        sft = sft.model_copy(update={"steps": args.warm_steps, "batch_size": args.warm_batch})
+    data["warmstart"] = _runs.SharedWarmStart(sft=sft, cache=str(args.cache))
     return Pipeline(**{**data, "name": f"bench-agentic-{engine}"})
 
 
@@ -130,6 +133,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="episodes per question")
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--eval-size", type=int, default=256, help="held-out questions")
+    ap.add_argument("--warm-steps", type=int, default=0,
+                    help="SFT warm-start steps (0: the default pipeline's warm start)")
+    ap.add_argument("--warm-batch", type=int, default=64, help="with --warm-steps")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args()

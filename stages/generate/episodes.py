@@ -77,7 +77,9 @@ class Episodes(StageSpec):
     n: int = Field(8, ge=1)
     """Episodes per task (the group), unless the plan's ``n`` column says otherwise."""
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of every policy turn; 0 is greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; keep 1.0 for training (exact logprob ratios, gfcr.core.engine)."""
     max_turns: int = Field(4, ge=1)
     """Policy turns per episode."""
     max_tokens: int = Field(16, ge=1)
@@ -90,6 +92,7 @@ class Episodes(StageSpec):
     env_workers: int = Field(8, ge=1)
     """Environment calls run at once."""
     segment_tokens: int = Field(16, ge=1)
+    """Tokens decoded per engine segment (no in-flight hook runs on episodes)."""
     continues_branches: ClassVar[bool] = True
     """It honours the plan's ``branch`` column (gfcr.core.capabilities.ContinuesBranches)."""
 
