@@ -149,8 +149,8 @@ def _signal_family(pid: int, sig: int) -> None:
             pass
 
 
-def _lease_db_free(path) -> bool:
-    """Whether no process holds a lock on the lease database (EXCLUSIVE: not even a
+def _unlocked(path) -> bool:
+    """Whether no process holds a lock on the SQLite file ``path`` (EXCLUSIVE: not even a
     reader's, which would block a writer's commit without WAL)."""
     con = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
@@ -163,18 +163,19 @@ def _lease_db_free(path) -> bool:
         con.close()
 
 
-def _freeze_between_renewals(pid: int, lease_db) -> None:
-    """SIGSTOP the run's whole family at a moment its renewer holds no lock on the lease
-    database: a process frozen inside a renewal's statement keeps SQLite's file lock, and
-    the next owner's takeover then fails with "database is locked" (1 run in 14 at load
-    10). That is SQLite's limit, not the lease's, and not what this test is about."""
+def _freeze_unlocked(pid: int, store) -> None:
+    """SIGSTOP the run's whole family at a moment it holds no lock on the store's SQLite
+    files (the lease database, the catalog): a process frozen inside a statement keeps
+    SQLite's file lock, and the next owner then fails with "database is locked" (2 runs
+    in 18 at load 10-15). That is SQLite's limit, not the lease's, and not what this
+    test is about."""
     for _ in range(50):
         _signal_family(pid, signal.SIGSTOP)
-        if _lease_db_free(lease_db):
+        if all(_unlocked(store / name) for name in ("leases.sqlite", "catalog.sqlite")):
             return
         _signal_family(pid, signal.SIGCONT)  # let the statement finish, and try again
         time.sleep(0.1)
-    raise AssertionError("the lease database stayed locked while the run was frozen")
+    raise AssertionError("the store's SQLite files stayed locked while the run was frozen")
 
 
 def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
@@ -203,7 +204,7 @@ def test_a_run_that_lost_its_lease_writes_nothing_more(tmp_path):
         run_id, steps = _wait_for(committed, "the first step's commit", limit=900)
         # freeze it just after a commit landed, so it is not frozen inside the next one
         _wait_for(lambda: alive() and _state(root)[1] > steps, "the next step's commit", limit=900)
-        _freeze_between_renewals(first.pid, root / "store" / "leases.sqlite")
+        _freeze_unlocked(first.pid, root / "store")
         time.sleep(3)  # past its 2 s lease: the next owner may take it over
         second = subprocess.Popen([*run, "--resume", run_id], env=env, text=True,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
