@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gfcr.core.capabilities import EngineRng
 from gfcr.core.engine import TensorIO
+from gfcr.runner.durable import fsync
 
 FORMAT = 1
 WEIGHTS, STATE, PROGRESS, MANIFEST, MARKER = (
@@ -122,10 +123,10 @@ def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, le
                 out.write_table(table)
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
         for name in manifest.files:
-            _fsync(tmp / name)
+            fsync(tmp / name)
         (tmp / MARKER).write_text(f"step {step}\n")
-        _fsync(tmp / MARKER)
-        _fsync(tmp)
+        fsync(tmp / MARKER)
+        fsync(tmp)
         final = _move_into_place(tmp, where / f"step-{step}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -142,7 +143,7 @@ def _move_into_place(tmp: Path, final: Path) -> Path:
         old = final.with_name(f".old-{final.name}-{secrets.token_hex(3)}")
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync(final.parent)
+    fsync(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -156,14 +157,6 @@ def prune(where: Path, keep: int) -> None:
         if path.is_dir() and path.name not in kept and (
                 _NAME.match(path.name) or path.name.startswith((".tmp-", ".old-"))):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _learner_state(learner: Any) -> dict[str, Any] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -21,11 +20,12 @@ import pyarrow as pa
 
 from gfcr.core.capabilities import AdapterWeights, EngineRng, EngineSleep
 from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy
-from gfcr.core.services import Done, Pending, Services, WeightHandle, awake
+from gfcr.core.services import Pending, Services, WeightHandle, awake
 from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
 from gfcr.core.stage import TrainResult
 from gfcr.runner.evaluation import evaluate
 from gfcr.runner.filters import applied
+from gfcr.runner.serial import SerialCalls
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,13 @@ class LocalScorer:
         return applied(stage.apply(ctx, rows), stage.label)
 
 
+def generate_with(engine: Engine, ctx: StepContext, gen: Generate, plan: pa.Table,
+                  hooks: list[OnSegment]) -> pa.Table:
+    """``gen`` on ``plan`` with ``engine``, the in-flight ``hooks`` run between its
+    segments: one generate call, as every generator in this process makes it."""
+    return gen.generate(ctx, plan, engine, SegmentHooks(ctx, hooks) if hooks else None)
+
+
 class LocalGenerator:
     """An engine in this process (gfcr.core.services.Generator).
 
@@ -158,9 +165,7 @@ class LocalGenerator:
         self.engine, self.policy, self.shared = engine, policy, shared
         self.sync = SameTensors(engine, policy, shared=shared)
         self._capabilities = capabilities
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gfcr-generate") \
-            if background else None
-        self._futures: list[Future] = []
+        self._calls = SerialCalls(background=background, name="gfcr-generate")
         self._loaded = int(engine.version)
 
     @property
@@ -173,15 +178,12 @@ class LocalGenerator:
 
     def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
                hooks: list[OnSegment]) -> Pending:
-        def fn() -> pa.Table:
-            on_segment = SegmentHooks(ctx, hooks) if hooks else None
-            return gen.generate(ctx, plan, self.engine, on_segment)
-        return self._run(fn)
+        return self._calls.run(lambda: generate_with(self.engine, ctx, gen, plan, hooks))
 
     def load(self, handle: WeightHandle) -> None:
-        if self._busy():
+        if self._calls.busy():
             frozen = handle.frozen()
-            self._run(lambda: self._load_now(frozen))
+            self._calls.run(lambda: self._load_now(frozen))
         else:
             self._load_now(handle)
 
@@ -196,7 +198,7 @@ class LocalGenerator:
 
     def asleep(self) -> contextlib.AbstractContextManager[None]:
         engine = self.engine
-        if self._pool is None and isinstance(engine, EngineSleep) and engine.sleep_mode:
+        if not self._calls.background and isinstance(engine, EngineSleep) and engine.sleep_mode:
             return _asleep(engine)
         return awake()
 
@@ -205,13 +207,10 @@ class LocalGenerator:
 
     def drain(self) -> None:
         """Wait until nothing submitted is still running."""
-        for future in self._futures:
-            future.exception()
-        self._futures = []
+        self._calls.drain()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._calls.close()
 
     def get_rng_state(self) -> object:
         """The engine's sampler state, for checkpoints (None: it carries none)."""
@@ -220,17 +219,6 @@ class LocalGenerator:
     def set_rng_state(self, state: object) -> None:
         if state is not None and isinstance(self.engine, EngineRng):
             self.engine.set_rng_state(state)
-
-    def _busy(self) -> bool:
-        self._futures = [f for f in self._futures if not f.done()]
-        return bool(self._futures)
-
-    def _run(self, fn: Callable[[], Any]) -> Pending:
-        if self._pool is None:
-            return Done(fn())
-        future = self._pool.submit(fn)
-        self._futures.append(future)
-        return future
 
     def _load_now(self, handle: WeightHandle) -> None:
         self.sync.send(handle)

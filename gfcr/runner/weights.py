@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gfcr.core.engine import TensorIO
+from gfcr.runner.durable import fsync
 
 WEIGHTS = "model.safetensors"
 MANIFEST = "manifest.json"
@@ -98,12 +99,12 @@ class WeightStore:
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
             for name in (*files, MANIFEST):
-                _fsync(tmp / name)
+                fsync(tmp / name)
             final = self.path(version)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync(self.where)
+            fsync(self.where)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -181,14 +182,6 @@ def _ident(path: Path) -> str:
         return str(json.loads((path / MANIFEST).read_text()).get("id", ""))
     except (OSError, ValueError):
         return ""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileSync:

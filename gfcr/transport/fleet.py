@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,10 +30,11 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gfcr.core.capabilities import EngineFleet, EngineSpec, WeightsDtype
-from gfcr.core.services import Done, Pending, WeightHandle, awake
+from gfcr.core.services import Pending, WeightHandle, awake
 from gfcr.core.stage import Generate, OnSegment, StepContext
 from gfcr.runner.evaluation import evaluate
-from gfcr.runner.inprocess import SegmentHooks
+from gfcr.runner.inprocess import generate_with
+from gfcr.runner.serial import SerialCalls
 from gfcr.runner.weights import FileSync, WeightStore, directory
 
 
@@ -102,9 +102,7 @@ class FleetGenerator:
                  background: bool) -> None:
         self.engine, self.sync = engine, sync
         self._capabilities = capabilities
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gfcr-fleet-calls") \
-            if background else None
-        self._futures: list[Future] = []
+        self._calls = SerialCalls(background=background, name="gfcr-fleet-calls")
         self._loaded: int | None = None
         self.reloads: list[tuple[int, float]] = []
         """(version, seconds) of the fleet's reloads since the last step's metrics
@@ -122,10 +120,7 @@ class FleetGenerator:
 
     def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
                hooks: list[OnSegment]) -> Pending:
-        def fn() -> pa.Table:
-            on_segment = SegmentHooks(ctx, hooks) if hooks else None
-            return gen.generate(ctx, plan, self.engine, on_segment)
-        return self._run(fn)
+        return self._calls.run(lambda: generate_with(self.engine, ctx, gen, plan, hooks))
 
     def load(self, handle: WeightHandle) -> None:
         """Publish ``handle`` now; the servers load it before the next call."""
@@ -134,7 +129,7 @@ class FleetGenerator:
         self.publish_s += time.perf_counter() - started
         published = self.sync.store.get(handle.version)
         self._loaded = handle.version
-        self._run(lambda: self._reload(published.path, handle.version, published.ident))
+        self._calls.run(lambda: self._reload(published.path, handle.version, published.ident))
 
     def _reload(self, path: Path, version: int, ident: str) -> None:
         seconds = self.engine.load(str(path.resolve()), version, ident)
@@ -166,19 +161,8 @@ class FleetGenerator:
 
     def drain(self) -> None:
         """Wait until nothing submitted is still running."""
-        for future in self._futures:
-            future.exception()
-        self._futures = []
+        self._calls.drain()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._calls.close()
         self.engine.close()
-
-    def _run(self, fn: Callable[[], Any]) -> Pending:
-        if self._pool is None:
-            return Done(fn())
-        self._futures = [f for f in self._futures if not f.done()]
-        future = self._pool.submit(fn)
-        self._futures.append(future)
-        return future
