@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
@@ -31,7 +29,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from bench.store import rollouts  # noqa: E402
+from bench.store import median, rollouts  # noqa: E402
 from gfcr.core.rollout import col  # noqa: E402
 from stages.control.quality import recent_rollouts  # noqa: E402
 from stages.replay import _reads  # noqa: E402
@@ -112,16 +110,6 @@ def build(path: Path, total: int, steps: int) -> None:
             t = t.set_column(t.schema.get_field_index(col.CONSUMED_AT_STEP), col.CONSUMED_AT_STEP,
                              pc.if_else(pc.equal(consumed, -1), None, consumed))
             store.commit_step(RUN, step, t, policy_version=step, metrics={})
-
-
-def median(fn: Callable[[], Any], repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -119,16 +119,17 @@ def bench_history(root: Path, total: int, per_step: int = 65_536) -> dict[str, f
             table = rollouts("hist", step, n, prompt_tokens=8, completion_tokens=16, n_prompts=50_000, seed=step)
             store.commit_step("hist", step, table, policy_version=step, metrics={})
     with RolloutStore.open(path, read_only=True) as store:
-        everything = _median(lambda: store.sql("SELECT * FROM prompt_history"))
+        everything = median(lambda: store.sql("SELECT * FROM prompt_history"))
         n_prompts = store.sql("SELECT count(*) AS n FROM prompt_history").to_pylist()[0]["n"]
         batch = [f"p{p:07d}" for p in range(0, 50_000, 50_000 // 256)][:256]
         history = History(store, run_id="hist")
-        some = _median(lambda: history.prompt_stats(batch))
+        some = median(lambda: history.prompt_stats(batch))
     return {"history_rows": total, "history_prompts": n_prompts, "history_query_s_1m": everything,
             "prompt_stats_256_s": some}
 
 
-def _median(fn, repeats: int = 3) -> float:
+def median(fn, repeats: int = 3) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
