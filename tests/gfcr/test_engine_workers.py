@@ -418,7 +418,7 @@ def test_a_withdrawn_call_runs_nothing_and_a_finished_calls_files_go(
     calls = PoolCalls(GeneratePool(pool=POOL, timeout_s=240), score_task, print)
     dropped = _score_call(tmp_path, "drop", Verify(scorer="exact"), rollouts(["g"]))
     mark_withdrawn(dropped)
-    report = dict(calls.send(dropped, rollouts(["g"]), 0.0).future.result(timeout=240))
+    report = calls.wait(calls.send(dropped, rollouts(["g"]), 0.0))
     assert report["withdrawn"] and not Path(dropped.out).exists()
     kept = _score_call(tmp_path, "keep", Verify(scorer="exact"), rollouts(["g", "g"]))
     report, table = calls.collect(calls.send(kept, rollouts(["g", "g"]), 0.0))

@@ -204,7 +204,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
     from gfcr.runner.weights import WeightStore, directory
     from gfcr.transport.remote.call import (GenerateCall, code_hash, read_parquet, spec_hash,
                                             write_parquet)
-    from gfcr.transport.remote.keys import load_key, sign
+    from gfcr.transport.remote.pool import PoolCalls
     from gfcr.transport.remote.worker import pool_task
     from stages.engines.hf import token_logprobs
 
@@ -233,6 +233,7 @@ def test_the_workers_vllm_loads_each_version_in_place(
                  policy=pipeline.policy.model_dump(mode="json"),
                  engine=pipeline.engine.model_dump(mode="json"),
                  task=pipeline.task.model_dump(mode="json"))
+    calls = PoolCalls(_pool(), pool_task, print)
     reports, outputs = [], []
     for version, policy in enumerate(policies):
         call = GenerateCall(run_id=run_id, step=0, seed=0,
@@ -240,9 +241,9 @@ def test_the_workers_vllm_loads_each_version_in_place(
                             plan=str(staging / "plan.parquet"),
                             out=str(staging / f"v{version}.parquet"), code_hash=code_hash(),
                             spec_hash=spec_hash(**dumps), **dumps)
-        future = pool_task(POOL).delay(name=call.name, call=call.model_dump(mode="json"),
-                                       mac=sign("generate", call, load_key(pool_key)))
-        reports.append(future.result(timeout=400))
+        # sent and awaited as a run does: a bare future.result() right after .delay() can
+        # ask before the server has given the task run a state, and Prefect then raises
+        reports.append(calls.wait(calls.send(call, plan, 0.0)))
         rows = read_parquet(call.out).to_pylist()
         outputs.append([(r["completion_ids"], r["logprobs"]) for r in rows])
         assert {r["policy_version_start"] for r in rows} == {version}
