@@ -14,7 +14,9 @@ the warm start and after ``--steps`` GRPO steps. Figures:
   seeds' spread;
 - ``vllm_vs_hf``: generated tokens per second of the generate stage, vLLM over HF;
 - ``vs_trl_step_time``: gfcr's wall seconds per step (HF engine; first step excluded)
-  over TRL's (same batch: ``--batch`` prompts x ``--n`` samples, one optimizer step);
+  over TRL's (same batch: ``--batch`` prompts x ``--n`` samples, one optimizer step),
+  per seed from a TRL run started right after that seed's HF run, then averaged: on a
+  shared machine only runs minutes apart see the same load;
 - ``vs_trl_peak_memory``: gfcr's peak resident memory of a step over TRL's (both the
   process's ``VmHWM`` reset at the step's start: stages.train.memory; gfcr's is the
   learner update, TRL's the whole step, generation included).
@@ -224,13 +226,18 @@ def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     out["vllm_vs_hf"] = rate["vllm"] / rate["hf"] if len(rate) == 2 else None
     # steps after the first that trained (a gfcr step whose groups all lack signal skips
     # the update; TRL always runs one): wall seconds and peak memory
-    trained = {e: [(s, p) for r in by[e] for s, p in list(zip(r["step_seconds"],
-                                                               r["peak_memory_mb"]))[1:] if p]
-               for e in ("hf", "trl")}
-    step = {e: statistics.fmean(s for s, _ in v) for e, v in trained.items() if v}
-    peak = {e: max(p for _, p in v) for e, v in trained.items() if v}
+    trained = {e: {r["seed"]: _trained_steps(r) for r in by[e]} for e in ("hf", "trl")}
+    step = {e: statistics.fmean(s for v in runs_.values() for s, _ in v)
+            for e, runs_ in trained.items() if any(runs_.values())}
+    peak = {e: max(p for v in runs_.values() for _, p in v)
+            for e, runs_ in trained.items() if any(runs_.values())}
     out["step_seconds"], out["peak_memory_mb"] = step, peak
-    out["vs_trl_step_time"] = step["hf"] / step["trl"] if len(step) == 2 else None
+    # per seed, the HF run over the TRL run right after it (same minutes, same load)
+    pairs = {s: statistics.fmean(x for x, _ in hf) / statistics.fmean(x for x, _ in trl)
+             for s, hf in trained["hf"].items()
+             if hf and (trl := trained["trl"].get(s))}
+    out["vs_trl_step_time_per_seed"] = pairs
+    out["vs_trl_step_time"] = statistics.fmean(pairs.values()) if pairs else None
     out["vs_trl_peak_memory"] = peak["hf"] / peak["trl"] if len(peak) == 2 else None
     gen = [r for r in runs if r.get("engine") == "gen"]
     if gen:
@@ -239,6 +246,27 @@ def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
             "tokens_per_second": (e["tokens"] / e["seconds"]) / (g["tokens"] / g["seconds"]),
             "peak_memory": e["peak_memory_mb"] / g["peak_memory_mb"], **gen[0]}
     return out
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The runs in order: per seed, gfcr on each engine with TRL right after the HF run
+    (so each step-time pair shares the machine's load of those minutes), and the
+    generate comparison once, after the first pair."""
+    plan: list[tuple[str, int]] = []
+    for seed in range(args.seeds):
+        for engine in (e for e in args.engines.split(",") if e):
+            plan.append((engine, seed))
+            if engine == "hf":
+                plan.append(("trl", seed))
+                if seed == 0:
+                    plan.append(("gen", 0))
+    return plan
+
+
+def _trained_steps(run: dict[str, Any]) -> list[tuple[float, float]]:
+    """(wall seconds, peak MiB) of a run's steps after the first that trained (a gfcr step
+    whose groups all lack signal skips the update; TRL always runs one)."""
+    return [(s, p) for s, p in list(zip(run["step_seconds"], run["peak_memory_mb"]))[1:] if p]
 
 
 def main() -> None:
@@ -253,8 +281,7 @@ def main() -> None:
         print(json.dumps(_sibling("_trl").run_trl(args)))
         return
     runs: list[dict[str, Any]] = []
-    plan = [(e, s) for s in range(args.seeds) for e in args.engines.split(",") if e]
-    plan[1:1] = [("trl", 0), ("gen", 0)]  # right after the first gfcr run
+    plan = _plan(args)
     for one, seed in plan:
         runs.append(_child(args, one, seed))
         print(f"  {one} seed {seed}: {json.dumps({k: v for k, v in runs[-1].items() if 'acc' in k or k == 'run_seconds'})}",

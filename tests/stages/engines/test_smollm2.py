@@ -163,3 +163,33 @@ def test_vllm_generates_and_takes_updated_weights_in_place(policy: Any) -> None:
     finally:
         with torch.no_grad():
             policy.model.model.norm.weight.mul_(2.0)
+
+
+def test_feedback_episodes_are_token_exact_with_the_real_chat_template(policy: Any) -> None:
+    # issue 23 on SmolLM2's own BPE vocabulary and ChatML template: the policy's turns are
+    # the ids the engine produced, each observation is appended as its rendered delta
+    # (never a re-rendering of the conversation), and the logprobs equal a forced pass
+    from stages.generate.episodes import Episodes
+    from tests.resources.rollouts import context
+    from tests.resources.chat import Recording
+    from tests.stages.generate.test_episodes import check_token_exact, plan
+
+    engine = Recording(HF(device="cpu").build(policy, seed=0))
+    stage = Episodes(env="feedback", env_options={"max_tries": 2, "hint": "answer"}, n=2,
+                     max_turns=2, max_tokens=5)
+    table = stage.generate(context(), plan([("3+4=", "7"), ("41-7=", "34")]), engine, None)
+    assert table.num_rows == 4
+    check_token_exact(table, engine)
+    end = policy.tokenizer.hf.convert_tokens_to_ids("<|im_end|>")
+    heard = 0
+    for row in table.to_pylist():
+        turns = row["turns"]
+        assert turns[0]["token_ids"] in (encode_prompt(policy.tokenizer, "3+4="),
+                                         encode_prompt(policy.tokenizer, "41-7="))
+        for before, after in zip(turns[1:], turns[2:]):  # policy turn, then an observation
+            if after["source"] == "environment":
+                heard += 1
+                text = policy.tokenizer.hf.decode(after["token_ids"])  # specials kept
+                assert "<|im_start|>user" in text and "wrong" in text
+                assert end in (before["token_ids"][-1], after["token_ids"][0])  # turn closed
+    assert heard > 0  # the base model answers in sentences: some episodes hear "wrong"
