@@ -24,7 +24,7 @@ from tests.resources.digits import DigitAnswers
 
 def _pipeline(steps: int, **extra: Any) -> Any:
     """A supervised warm start of 4 steps answers some held-out prompts with four digits
-    (the setting of the engine-worker learning test); LoRA GRPO steps raise it."""
+    (the setting of the former engine-worker learning test); LoRA GRPO steps raise it."""
     return tiny_pipeline(
         task=DigitAnswers(), steps=steps, **extra,
         warmstart=SFT(steps=4, batch_size=12, schedule="constant"),
