@@ -1,6 +1,6 @@
 """In-process asynchronous steps: steps per second with ``max_staleness`` 1 against 0.
 
-One run of each, same pipeline and seed, in this process with no engine worker (the
+One run of each, same pipeline and seed, in this process with no fleet (the
 executor "local"): with k = 1 the engine generates step t+1's round-0 batch on its own
 thread, with its own copy of the weights, while step t scores, trains and commits
 (gfcr.runner.rounds, gfcr.runner.inprocess). Steps per second are counted over steps 1.. (step 0 has

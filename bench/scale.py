@@ -61,7 +61,7 @@ def _run(root: Path, steps: int, urls: tuple[str, ...] | None) -> dict[str, Any]
     from gfcr.transport.fleet import Fleet
 
     fleet = Fleet(urls=urls) if urls else None
-    summary = execute(_pipeline(steps), root=root, executor="local", generate_pool=fleet)
+    summary = execute(_pipeline(steps), root=root, executor="local", fleet=fleet)
     steady = summary.history[1:]
     rows = summary.rollouts * len(steady) / len(summary.history)
     out: dict[str, Any] = {"rollouts_per_s": rows / sum(m["step_seconds"] for m in steady),

@@ -62,7 +62,7 @@ def run(
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
     track: bool = typer.Option(True, help="Track the run in MLflow."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
-    generate_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.POOL),
+    generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
     fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
@@ -85,8 +85,8 @@ def run(
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
-                         tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout, score_pool=score_pool, fleet=fleet)
+                         tracking=tracking, track=track, generate_timeout=generate_timeout,
+                         score_pool=score_pool, fleet=fleet)
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:

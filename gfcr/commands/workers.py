@@ -1,23 +1,40 @@
-"""``gfcr engine-worker``: a long-lived process serving a pool's generate calls."""
+"""``gfcr engine-worker``: a long-lived process serving a pool's score calls; ``gfcr engine
+serve``: a fleet's inference server; ``gfcr run``'s help for both."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-POOL = "Run the generate stage on the engine workers of POOL (gfcr engine-worker)."
-POOL_TIMEOUT = ("With --generate-pool or --score-pool: fail a step's call no worker "
-                "finished in this many s.")
-SCORE = "Run the scoring filter stages (Verify, ...) on the engine workers of POOL."
+POOL = "Removed (issue 24): generate on a fleet with --fleet URL (gfcr engine serve)."
+POOL_TIMEOUT = ("With --fleet: each request's deadline; with --score-pool: fail a step's "
+                "call no worker finished in this many s.")
+SCORE = ("Run the scoring filter stages (Verify, ...) on the workers of POOL "
+         "(gfcr engine-worker).")
 FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
          "for a fleet); --generate-timeout is each request's deadline.")
-"""``gfcr run``'s help for its engine-worker and fleet options."""
+"""``gfcr run``'s help for its score-pool and fleet options."""
+
+
+def removed_generate_pool(pool: Optional[str]) -> Optional[str]:
+    """``gfcr run --generate-pool``'s callback: the option is refused, naming the fleet
+    that replaced the engine-worker generate path (gfcr.launch.placement.REMOVED)."""
+    if pool is not None:
+        from gfcr.launch.placement import REMOVED
+
+        raise typer.BadParameter(REMOVED)
+    return pool
+
+
+GENERATE_POOL: Any = typer.Option(None, metavar="POOL", help=POOL, hidden=True,
+                                  callback=removed_generate_pool)
+"""``gfcr run --generate-pool``: hidden, and refused when given (:func:`removed_generate_pool`)."""
 
 
 def engine_worker(
     pool: str = typer.Option(..., "--pool", help="The pool to serve (runs name it with "
-                                                 "--generate-pool)."),
+                                                 "--score-pool)."),
     name: Optional[str] = typer.Option(None, help="This worker's name in task run logs "
                                                   "(default HOST:PID)."),
     timeout: Optional[float] = typer.Option(None, help="Stop after this many seconds "
@@ -37,11 +54,10 @@ def engine_worker(
                                    help="Fail when the Prefect API does not answer within "
                                         "this many seconds."),
 ) -> None:
-    """Serve the generate stage of any run that names POOL, keeping each run's policy
-    loaded between its steps, and the scoring stages of any run that names it with
-    --score-pool. Needs PREFECT_API_URL (a real Prefect server) and the run
-    root's filesystem (weights and staged tables) and Prefect result storage shared with
-    the runs, and the pool's key: it runs only calls signed with it."""
+    """Serve the scoring filter stages (Verify, ...) of any run that names POOL with
+    --score-pool (generation runs on a fleet: gfcr engine serve). Needs PREFECT_API_URL
+    (a real Prefect server), the run root's filesystem (staged tables) and Prefect result
+    storage shared with the runs, and the pool's key: it runs only calls signed with it."""
     from gfcr.transport.remote.call import check_pool
     from gfcr.transport.remote.serve import serve_pool
 

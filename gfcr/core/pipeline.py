@@ -63,7 +63,7 @@ class Pipeline(Spec):
     checkpoint: Checkpointing = Checkpointing()
     max_staleness: int = Field(0, ge=0)
     """The round-0 batches of the next ``max_staleness`` steps are generated while a step
-    trains (in this process or on a generate pool), with weights up to that many
+    trains (in this process or on a fleet), with weights up to that many
     versions old and plans drawn that many steps early (gfcr.runner.rounds); 0 is synchronous.
     Stored in the spec only when set, so older specs keep their hash."""
     reward_range: RewardRange = RewardRange()

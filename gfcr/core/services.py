@@ -2,8 +2,8 @@
 
 The loop (gfcr.runner.loop) knows the stages and the order of a step; where and how the work
 runs is a service's business. Each service is a protocol with an in-process
-implementation, today's code (gfcr.runner.inprocess), and others behind it (engine workers:
-gfcr.transport.remote). A run holds one :class:`Services` value, whatever the placement.
+implementation, today's code (gfcr.runner.inprocess), and others behind it (a fleet of
+servers: gfcr.transport.fleet; score pools: gfcr.transport.remote). A run holds one :class:`Services` value, whatever the placement.
 
 Weights move one way only, as :class:`WeightHandle` values: the learner owns the policy
 and hands out a handle after each update; a generator ``load``\\ s a handle, through a
@@ -12,7 +12,7 @@ weight sync that fits where it runs:
 - in-process, the handle is the learner's own tensors (an engine that shares the policy
   module has nothing to copy; one with its own copy copies them in place);
 - across hosts, the handle is written as a versioned folder (gfcr.runner.weights: a manifest
-  written last, pruned by what is still needed) that workers read;
+  written last, pruned by what is still needed) that a fleet's servers read;
 - a collective (NCCL broadcast from the learner's ranks to the engines') fits the same
   protocol: ``send`` broadcasts and returns a handle naming the version.
 """

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from gfcr.core.loading import load
 from gfcr.core.pipeline import Pipeline, PipelineError
@@ -68,16 +68,25 @@ class RunRequest(BaseModel):
     tracking: str | None = None
     """MLflow tracking URI (None: SQLite under the root)."""
     track: bool = True
-    generate_pool: str | None = None
-    """Run the generate stage on this pool's engine workers (None: in-process)."""
     generate_timeout: float = 600.0
-    """With ``generate_pool``: seconds a step's call may wait for a worker and run."""
+    """With ``fleet``: each request's deadline; with ``score_pool``: seconds a step's
+    score call may wait for a worker and run."""
     score_pool: str | None = None
-    """Run the scoring filter stages on this pool's engine workers (None: in-process);
-    its calls share ``generate_timeout``."""
+    """Run the scoring filter stages on this pool's workers (``gfcr engine-worker``;
+    None: in-process)."""
     fleet: tuple[str, ...] = ()
-    """Generate on these vLLM servers (``gfcr engine serve``; gfcr.transport.fleet.Fleet), each
-    request with ``generate_timeout`` as its deadline; not with ``generate_pool``."""
+    """Generate on these vLLM servers (``gfcr engine serve``; gfcr.transport.fleet.Fleet)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_generate_pool(cls, data: Any) -> Any:
+        """A request naming ``generate_pool`` (removed in issue 24) is refused with what
+        replaces it, not as an unknown field."""
+        if isinstance(data, dict) and data.get("generate_pool") is not None:
+            from gfcr.launch.placement import GeneratePoolRemoved
+
+            raise GeneratePoolRemoved(data["generate_pool"])
+        return data
 
 
 def resolve(request: RunRequest, store: Any) -> Pipeline:
@@ -133,48 +142,41 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
         tracked = [MlflowHook(request.tracking)] if request.track else []
         return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
                        hooks=[*hooks, *tracked], store=store, stop=stop,
-                       generate_pool=_generation(request),
-                       score_pool=_placement(request, request.score_pool))
+                       fleet=_generation(request), score_pool=_placement(request))
     finally:
         store.close()
 
 
 def _generation(request: RunRequest) -> Any:
-    """Where the request generates: a fleet of servers, engine workers, or None."""
+    """Where the request generates: a fleet of servers, or None (in-process)."""
     if not request.fleet:
-        return _placement(request, request.generate_pool)
-    if request.generate_pool is not None:
-        raise ValueError(f"a run generates on a fleet ({list(request.fleet)}) or on the "
-                         f"engine workers of pool {request.generate_pool!r}, not both")
+        return None
     from gfcr.transport.fleet import Fleet
 
     return Fleet(urls=request.fleet, timeout_s=request.generate_timeout)
 
 
-def _placement(request: RunRequest, pool: str | None) -> Any:
-    """The request's generate or score ``pool`` (gfcr.transport.remote.dispatch.GeneratePool), or
-    None."""
-    if pool is None:
+def _placement(request: RunRequest) -> Any:
+    """The request's score pool (gfcr.transport.remote.pool.WorkerPool), or None."""
+    if request.score_pool is None:
         return None
-    from gfcr.transport.remote.dispatch import GeneratePool
+    from gfcr.transport.remote.pool import WorkerPool
 
-    return GeneratePool(pool=pool, timeout_s=request.generate_timeout)
+    return WorkerPool(pool=request.score_pool, timeout_s=request.generate_timeout)
 
 
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False)
 def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = None,
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
-                  track: bool = True, generate_pool: str | None = None,
-                  generate_timeout: float = 600.0, score_pool: str | None = None,
-                  fleet: list[str] | None = None) -> Any:
+                  track: bool = True, generate_timeout: float = 600.0,
+                  score_pool: str | None = None, fleet: list[str] | None = None) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
-                         tracking=tracking, track=track, generate_pool=generate_pool,
-                         generate_timeout=generate_timeout, score_pool=score_pool,
-                         fleet=tuple(fleet or ()))
+                         tracking=tracking, track=track, generate_timeout=generate_timeout,
+                         score_pool=score_pool, fleet=tuple(fleet or ()))
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))

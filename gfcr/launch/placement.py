@@ -4,10 +4,11 @@
   ``max_staleness > 0`` it gets a policy of its own and a thread to generate on while
   the learner updates (gfcr.runner.inprocess.LocalGenerator);
 - a fleet (gfcr.transport.fleet.Fleet): the inference engine's own servers generate and
-  evaluate, weights reach them by version; no engine is built in this process;
-- a generate pool: engine workers generate (gfcr.transport.remote.dispatch), the run's own
-  engine still evaluates;
-- a score pool: the scoring filter stages run on engine workers (gfcr.transport.remote.scoring);
+  evaluate, weights reach them by version; no engine is built in this process. The only
+  way generation leaves the run's process: the engine-worker generate path
+  (``--generate-pool``) was removed in issue 24 (:class:`GeneratePoolRemoved`);
+- a score pool: the scoring filter stages run on a pool's workers
+  (gfcr.transport.remote.scoring);
 - a sharded learner (``learner.ranks > 0``): the train stage's learner runs on FSDP2
   processes (gfcr.transport.sharded); the run's policy is then the engine's own, loaded from the
   versions the ranks publish.
@@ -28,8 +29,36 @@ from gfcr.runner.runtime import Record, Runtime
 from gfcr.runner.tokencheck import check_task
 from gfcr.transport.fleet import Fleet, for_run as fleet_for_run
 from gfcr.transport.remote import scoring
-from gfcr.transport.remote.dispatch import for_run
 from gfcr.transport.sharded import Setup, ShardedLearner
+
+REMOVED = ("the engine-worker generate path (--generate-pool, generate_pool=POOL) was removed "
+           "(issue 24): generation leaves a run's process only on a fleet of vLLM servers. "
+           "Start them with `gfcr engine serve --model DIR` and name them with "
+           "`gfcr run --fleet URL` (in Python: execute(..., fleet=Fleet(urls=(URL, ...))), "
+           "gfcr.transport.fleet.Fleet); scoring pools (--score-pool) are unchanged")
+
+
+class GeneratePoolRemoved(ValueError):
+    """A run asked to generate on a pool of engine workers, a path that no longer
+    exists; the message names the fleet that replaces it."""
+
+    def __init__(self, pool: object) -> None:
+        super().__init__(f"generate pool {pool!r}: {REMOVED}")
+
+
+def generation(fleet: Any, generate_pool: Any) -> Fleet | None:
+    """Where a run generates (:func:`gfcr.launch.run.execute`'s ``fleet`` and
+    ``generate_pool``): a fleet, or None (this process). ``generate_pool`` is the older
+    name of ``fleet`` and takes a Fleet only; a pool name or settings raise
+    :class:`GeneratePoolRemoved`."""
+    if generate_pool is not None and not isinstance(generate_pool, Fleet):
+        raise GeneratePoolRemoved(generate_pool)
+    if fleet is not None and generate_pool is not None:
+        raise ValueError("give the fleet once: as fleet= (generate_pool= is its older name)")
+    chosen = fleet if fleet is not None else generate_pool
+    if chosen is not None and not isinstance(chosen, Fleet):
+        raise TypeError(f"fleet={chosen!r}: expected a gfcr.transport.fleet.Fleet")
+    return chosen
 
 
 def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
@@ -52,10 +81,10 @@ def _runtime(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any
              notify: Callable[[str], None], policy: Any, learner: Learner) -> Runtime:
     if pools[0] is not None and policy.adapter is not None:
         raise ValueError(
-            "train stage: lora is set and the run generates on a pool of engine workers "
-            "or a fleet of servers, which load whole published weights; a LoRA learner "
-            "publishes its adapter alone (gfcr.runner.weights), which workers do not load yet. "
-            "Generate in-process (no generate pool) or drop lora.")
+            "train stage: lora is set and the run generates on a fleet of servers, which "
+            "load whole published weights; a LoRA learner publishes its adapter alone "
+            "(gfcr.runner.weights), which the servers do not load yet. Generate in-process "
+            "(no fleet) or drop lora.")
     generator = _generator(pipeline, run_id, root, policy, learner, pools[0], notify)
     scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()
     snapshots: dict[int, int] = {}
@@ -68,23 +97,18 @@ def _runtime(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any
 
 
 def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner: Learner,
-               pool: Any, notify: Callable[[str], None]) -> Generator:
-    """The run's generator: a fleet of servers (nothing generates here), engine workers
-    (the run's own engine evaluates), or the engine in this process."""
-    if isinstance(pool, Fleet):
-        fleet = fleet_for_run(pool, pipeline, run_id, root, policy, notify)
-        fleet.load(learner.handle())
-        return fleet
-    local = _local(pipeline, policy, background=bool(pipeline.max_staleness
-                                                     and pool is None),
+               fleet: Fleet | None, notify: Callable[[str], None]) -> Generator:
+    """The run's generator: a fleet of servers (nothing generates here), or the engine
+    in this process."""
+    if fleet is not None:
+        remote = fleet_for_run(fleet, pipeline, run_id, root, policy, notify)
+        remote.load(learner.handle())
+        return remote
+    local = _local(pipeline, policy, background=bool(pipeline.max_staleness),
                    shared=not pipeline.learner.ranks)
     if not local.shared:
         local.load(learner.handle())  # the engine's own copy starts as the learner's
-    remote = for_run(pool, pipeline, run_id, root, local, notify)
-    if remote is None:
-        return local
-    remote.load(learner.handle())
-    return remote
+    return local
 
 
 def _learner(pipeline: Pipeline, policy: Any, run_id: str, root: Path) -> Learner:

@@ -52,8 +52,8 @@ def new_run_id(pipeline: Pipeline) -> str:
 def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             executor: Executor | str = "prefect", run_id: str | None = None,
             hooks: list[Any] | None = None, store: Any = None,
-            stop: Stop | None = None, generate_pool: Any = None,
-            score_pool: Any = None) -> RunSummary:
+            stop: Stop | None = None, fleet: Any = None, score_pool: Any = None,
+            generate_pool: Any = None) -> RunSummary:
     """Run ``pipeline`` to completion and return its summary.
 
     ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
@@ -63,9 +63,15 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
     an :class:`~gfcr.transport.executors.Executor` or its name ("prefect", "local"). When ``stop``
     is requested the run ends at the next step boundary and raises RunCancelled.
-    ``generate_pool`` and ``score_pool`` (a pool name or its settings) send the generate
-    and the scoring stages to engine workers (gfcr.transport.remote); None: this process.
+    ``fleet`` (a :class:`gfcr.transport.fleet.Fleet`) generates and evaluates on a
+    fleet of vLLM servers; ``score_pool`` (a pool name or a
+    :class:`gfcr.transport.remote.pool.WorkerPool`) sends the scoring filter stages to a
+    pool's workers; None: this process. ``generate_pool`` is ``fleet``'s older name: it
+    takes a Fleet only, and a pool raises
+    :class:`gfcr.launch.placement.GeneratePoolRemoved` (the engine-worker generate path
+    was removed in issue 24).
     """
+    fleet = placement.generation(fleet, generate_pool)
     lake = storage.backend()
     root = Path(root).resolve()
     if run_id is not None:
@@ -83,7 +89,7 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             try:
                 resumed = resume.check(store, run_id, pipeline)
                 body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
-                             stop or Stop(), (generate_pool, score_pool), lease.check)
+                             stop or Stop(), (fleet, score_pool), lease.check)
                 retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
                 return chosen.run(body, run_id=run_id, retried=retried)
             finally:

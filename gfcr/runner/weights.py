@@ -1,5 +1,6 @@
 """Weights by version: the learner's weights published to shared storage, one folder per
-policy version, for engine workers in other processes or on other hosts.
+policy version, for a fleet's inference servers (gfcr.transport.fleet) and a sharded
+learner's ranks (gfcr.transport.sharded) in other processes or on other hosts.
 
 ::
 
@@ -16,11 +17,11 @@ renamed into place, through the policy's own tensor I/O (``Policy.io``), so the 
 needs no tensor library: a reader that finds ``vNNNNNN/manifest.json`` finds the whole version,
 and a killed publisher leaves only a ``.tmp-`` folder that the next publication removes.
 Pruning keeps what is still needed, never the highest numbers: the version just published
-and the ``keep - 1`` below it (a worker may still be asked for an older one while an
+and the ``keep - 1`` below it (a server may still be asked for an older one while an
 asynchronous run has batches in flight: keep more than ``max_staleness + 1``). Versions
 *above* the one published belong to an abandoned future (a run killed between
 checkpoints, now resumed from an older one, publishes that older version again) and go.
-Each publication has its own id in the manifest, so a worker that loaded "version 5" of
+Each publication has its own id in the manifest, so a server that loaded "version 5" of
 the abandoned future loads the resumed run's version 5 again (:meth:`WeightStore.ident`).
 """
 
@@ -187,7 +188,7 @@ def _ident(path: Path) -> str:
 class FileSync:
     """The weight sync across hosts (gfcr.core.services.WeightSync): each version published
     once to ``store``, written in the engine's ``dtype`` (None: the learner's), which a
-    worker loads by the version its call names."""
+    fleet's servers load by version (gfcr.transport.fleet)."""
 
     def __init__(self, store: WeightStore, run_id: str, dtype: str | None = None) -> None:
         self.store, self.run_id, self.dtype = store, run_id, dtype

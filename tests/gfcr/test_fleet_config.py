@@ -65,11 +65,9 @@ def test_a_fleet_that_cannot_serve_fails_naming_every_server() -> None:
     assert all(f"{u}: vLLM server {u}: /weight_info failed" in message for u in urls)
 
 
-def test_a_run_request_names_its_fleet_or_a_pool_not_both() -> None:
+def test_a_run_request_generates_on_its_fleet_or_in_process() -> None:
     from gfcr.launch.flow import RunRequest, _generation
 
     fleet = _generation(RunRequest(fleet=("http://a:1", "http://b:1"), generate_timeout=30))
     assert fleet == Fleet(urls=("http://a:1", "http://b:1"), timeout_s=30)
     assert _generation(RunRequest()) is None
-    with pytest.raises(ValueError, match="or on the engine workers of pool 'p', not both"):
-        _generation(RunRequest(fleet=("http://a:1",), generate_pool="p"))

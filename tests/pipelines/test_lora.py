@@ -24,7 +24,7 @@ from tests.resources.digits import DigitAnswers
 
 def _pipeline(steps: int, **extra: Any) -> Any:
     """A supervised warm start of 4 steps answers some held-out prompts with four digits
-    (the setting of the engine-worker learning test); LoRA GRPO steps raise it."""
+    (the setting of the former engine-worker learning test); LoRA GRPO steps raise it."""
     return tiny_pipeline(
         task=DigitAnswers(), steps=steps, **extra,
         warmstart=SFT(steps=4, batch_size=12, schedule="constant"),
@@ -70,12 +70,12 @@ def test_a_stopped_lora_run_resumes_as_the_uninterrupted_run(
     assert second.accuracy_after == a.accuracy_after
 
 
-def test_a_lora_run_on_engine_workers_is_refused_before_it_generates(tmp_path: Path) -> None:
-    from gfcr.transport.remote.pool import GeneratePool
+def test_a_lora_run_on_a_fleet_is_refused_before_it_generates(tmp_path: Path) -> None:
+    from gfcr.transport.fleet import Fleet
 
-    with pytest.raises(ValueError, match="workers do not load yet"):
+    with pytest.raises(ValueError, match="the servers do not load yet"):
         execute(_pipeline(1), root=tmp_path, executor="local",
-                generate_pool=GeneratePool(pool="nowhere"))
+                fleet=Fleet(urls=("http://127.0.0.1:9",)))
 
 
 def test_an_async_lora_run_generates_ahead_on_its_own_copy_with_the_adapter(

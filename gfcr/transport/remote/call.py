@@ -1,14 +1,12 @@
-"""A generate stage call as data: what travels from a run to an engine worker.
+"""A scoring filter stage call as data: what travels from a run to a pool's worker.
 
-A :class:`GenerateCall` holds only plain data: the stage's config and those of the
-in-flight hooks, policy, engine and task (each as its ``model_dump``), the step, the
-policy version to generate with, and where the tables are: the plan as a Parquet file in
-the run's staging folder (beside the store), the place to write the rollouts, and the
-folder of published weights (:mod:`gfcr.runner.weights`). Tables never go through Prefect's API;
-the call itself is a few kilobytes in Prefect's result storage. The step's History
-travels as the store's URI and the snapshot it is pinned to: the worker opens the store
-read-only at that snapshot, so a stage or hook that reads history (ARRoL's OnlinePrune)
-reads there what it reads in-process.
+A :class:`ScoreCall` holds only plain data: the stage's and the task's configs (each as
+its ``model_dump``), the step, and where the tables are: the rows to score as a Parquet
+file in the run's staging folder (beside the store) and the place to write the scored
+rows. Tables never go through Prefect's API; the call itself is a few kilobytes in
+Prefect's result storage. The step's History travels as the store's URI and the snapshot
+it is pinned to: the worker opens the store read-only at that snapshot, so a stage that
+reads history reads there what it reads in-process.
 
 Two hashes check that run and worker agree. ``code_hash`` is the hash of the gfcr, stages
 and store sources the run was started with; ``spec_hash`` the hash of the configs as the
@@ -40,50 +38,9 @@ CODE_PACKAGES = ("gfcr", "stages", "store")
 
 
 class Refused(RuntimeError):
-    """An engine worker will not run a call made on other code or other specs."""
+    """A pool's worker will not run a call made on other code or other specs."""
 
     gfcr_retry = False  # the same worker refuses again (gfcr.transport.executors)
-
-
-class GenerateCall(BaseModel):
-    """One generate stage call of one step's round, as an engine worker receives it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    run_id: str
-    step: int
-    round: int = 0
-    quota: int | None = None
-    seed: int
-    """The run's seed: the stage seeds its sampling from (seed, step, round, label)."""
-    stage: dict[str, Any]
-    hooks: tuple[dict[str, Any], ...] = ()
-    """The on_segment control stages, run on the worker between segments."""
-    policy: dict[str, Any]
-    engine: dict[str, Any]
-    task: dict[str, Any]
-    policy_version: int
-    weights: str
-    """Folder of the run's published weight versions (gfcr.runner.weights.WeightStore)."""
-    plan: str
-    """Parquet file of the plan (the prompts with ``n`` and ``max_tokens``)."""
-    out: str
-    """Where the worker writes the rollouts (Parquet)."""
-    code_hash: str
-    spec_hash: str
-    store: str | None = None
-    """The run's store (its URI), which the worker opens read-only for the step's History;
-    None: the run has no store, and the stages see no history (as in-process)."""
-    snapshot: int | None = None
-    """The store snapshot the step's History is pinned to (None: the live store, a run's
-    first step before its first commit)."""
-    expires: float | None = None
-    """When the run stops waiting for this call (seconds since the epoch): a worker
-    refuses it later (gfcr.transport.remote.guard). None: never (a call made by hand)."""
-
-    @property
-    def name(self) -> str:
-        return task_run_name(self.stage, self.step, self.round)
 
 
 class ScoreCall(BaseModel):
@@ -107,12 +64,16 @@ class ScoreCall(BaseModel):
     """Where the worker writes the scored rows (Parquet)."""
     code_hash: str
     spec_hash: str
-    """spec_hash(stage, (), {}, {}, task)."""
+    """spec_hash(stage, task)."""
     store: str | None = None
+    """The run's store (its URI), which the worker opens read-only for the step's History;
+    None: the run has no store, and the stage sees no history (as in-process)."""
     snapshot: int | None = None
-    """The step's History, as in GenerateCall."""
+    """The store snapshot the step's History is pinned to (None: the live store, a run's
+    first step before its first commit)."""
     expires: float | None = None
-    """As in GenerateCall."""
+    """When the run stops waiting for this call (seconds since the epoch): a worker
+    refuses it later (gfcr.transport.remote.guard). None: never (a call made by hand)."""
 
     @property
     def name(self) -> str:
@@ -139,15 +100,14 @@ def history_at(ctx: Any) -> dict[str, Any]:
 def check_pool(pool: str) -> str:
     """``pool`` if it is a usable pool name (it becomes part of a Prefect task key)."""
     if not POOL.fullmatch(pool):
-        raise ValueError(f"engine pool name {pool!r} may hold only letters, digits, '_' and "
+        raise ValueError(f"pool name {pool!r} may hold only letters, digits, '_' and "
                          "'-', start with a letter or digit, and be at most 64 long")
     return pool
 
 
-def spec_hash(stage: dict[str, Any], hooks: tuple[dict[str, Any], ...], policy: dict[str, Any],
-              engine: dict[str, Any], task: dict[str, Any]) -> str:
-    """sha256 (16 hex digits) of the configs' canonical JSON."""
-    canonical = json.dumps([stage, list(hooks), policy, engine, task], sort_keys=True,
+def spec_hash(stage: dict[str, Any], task: dict[str, Any]) -> str:
+    """sha256 (16 hex digits) of the stage's and the task's configs as canonical JSON."""
+    canonical = json.dumps([stage, task], sort_keys=True,
                            separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -170,7 +130,7 @@ def code_hash() -> str:
 
 def write_parquet(path: str | Path, table: pa.Table, *, make_folder: bool = True) -> None:
     """Write ``table`` to ``path`` atomically (temporary file, then rename): a reader
-    never sees half a file, and a retried call overwrites its own output. An engine
+    never sees half a file, and a retried call overwrites its own output. A pool's
     worker passes ``make_folder=False``: it writes only into a staging folder its run
     made (gfcr.transport.remote.guard)."""
     path = Path(path)

@@ -1,4 +1,4 @@
-"""What an engine worker checks before it runs a call, and where it may write.
+"""What a pool's worker checks before it runs a call, and where it may write.
 
 A call arrives from Prefect's API, which anyone who reaches it can write to. Before the
 worker reads a file the call names or builds anything from its configs, :func:`admit`
@@ -10,13 +10,13 @@ requires, in order:
    not run here before (a replay of a signed call is refused by the worker that ran it);
 3. that every reference to code by import path in its configs is on the worker's list
    (:mod:`gfcr.core.refs`);
-4. that its files are where a run keeps them (:func:`staging`): the inputs and outputs
-   directly inside ``ROOT/staging/RUN_ID/remote/`` (resolved, links refused), the weights
-   in ``ROOT/weights/RUN_ID`` of the same root, and that folder already there (the run
-   makes it; a call that comes after its run ended and removed it writes nothing).
+4. that its files are where a run keeps them (:func:`staging`): the input and output
+   directly inside ``ROOT/staging/RUN_ID/remote/`` (resolved, links refused), and that
+   folder already there (the run makes it; a call that comes after its run ended and
+   removed it writes nothing).
 
-A call its run withdrew (a batch sent ahead and dropped, an attempt sent again after its
-worker seemed lost, a call given up at its deadline) has a ``.withdrawn`` marker beside
+A call its run withdrew (an attempt sent again after its worker seemed lost, a call
+given up at its deadline) has a ``.withdrawn`` marker beside
 its output, or its input file is gone: the worker then runs nothing (:func:`withdrawn`).
 """
 
@@ -73,7 +73,6 @@ def admit(kind: str, call: Any, mac: str, worker: str, task_run: str = "") -> No
 def staging(call: Any) -> Path:
     """The run's staging folder the call's files are in; Refused when a file it names
     is elsewhere, a link, or the folder is missing (see the module)."""
-    inputs = call.plan if hasattr(call, "plan") else call.rows
     folder = Path(call.out).parent
     if not (folder.name == "remote" and folder.parent.name == call.run_id
             and folder.parent.parent.name == "staging"):
@@ -83,21 +82,15 @@ def staging(call: Any) -> Path:
         raise Refused(f"call {call.name!r}: staging folder {str(folder)!r} is missing or "
                       "reached through a link (its run has ended, or the call is not a "
                       "run's)")
-    for path in (call.out, inputs, call.out + ".beat"):
+    for path in (call.out, call.rows, call.out + ".beat"):
         here = Path(path)
         if here.parent != folder or here.is_symlink() or not here.name.endswith(
                 (".parquet", ".beat")) or here.name.startswith("."):
             raise Refused(f"call {call.name!r}: {path!r} is not a file of its staging "
                           f"folder {str(folder)!r}")
-    weights = getattr(call, "weights", None)
-    if weights is not None and Path(weights) != folder.parent.parent.parent / "weights" / \
-            call.run_id:
-        raise Refused(f"call {call.name!r}: its weights {weights!r} are not its run's "
-                      f"({folder.parent.parent.parent / 'weights' / call.run_id})")
     return folder
 
 
 def withdrawn(call: Any) -> bool:
     """Whether the call's run withdrew it (see the module)."""
-    inputs = call.plan if hasattr(call, "plan") else call.rows
-    return Path(call.out + WITHDRAWN).exists() or not Path(inputs).exists()
+    return Path(call.out + WITHDRAWN).exists() or not Path(call.rows).exists()

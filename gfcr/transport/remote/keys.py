@@ -1,11 +1,11 @@
-"""A pool's key: the secret that signs the calls a run sends to its engine workers.
+"""A pool's key: the secret that signs the score calls a run sends to its pool's workers.
 
 Anyone who reaches the Prefect API can create task runs for a pool's task, and the code
 and spec hashes in a call can be recomputed by anyone: they say that run and worker agree,
 not who sent the call. So every call is signed with an HMAC-SHA256 (RFC 2104) of its
 canonical JSON under a key that the runs and the workers of a pool hold and that never
 travels through Prefect: a file, named by ``gfcr engine-worker --key-file`` and
-:class:`gfcr.transport.remote.dispatch.GeneratePool` ``key_file``, or by the environment variable
+:class:`gfcr.transport.remote.pool.WorkerPool` ``key_file``, or by the environment variable
 ``GFCR_POOL_KEY_FILE`` on both sides. A worker refuses an unsigned call, one signed under
 another key, and one whose fields were changed after signing, before it reads anything
 the call names (:mod:`gfcr.transport.remote.guard`).
@@ -76,7 +76,7 @@ def new_key(path: str | Path) -> Path:
 
 
 def sign(kind: str, call: Any, key: bytes) -> str:
-    """The HMAC of ``call`` (a GenerateCall or ScoreCall) as a ``kind`` call."""
+    """The HMAC of ``call`` (a ScoreCall) as a ``kind`` call (gfcr.transport.remote.pool.KIND)."""
     return hmac.new(key, canonical(kind, call), hashlib.sha256).hexdigest()
 
 

@@ -1,9 +1,8 @@
-"""Sending a call to a pool and waiting for it, bounded: shared by generate and score calls.
+"""Sending a score call to a pool and waiting for it, bounded.
 
 :class:`PoolCalls` signs each call with the pool's key (gfcr.transport.remote.keys), submits it with
 ``.delay()`` and waits for its result within one deadline, ``timeout_s`` from the
-moment the run starts waiting for it (its sending, or its step for a batch sent ahead),
-whatever happens in between:
+moment the run starts waiting for it, whatever happens in between:
 
 - no worker takes it: a warning after ``warn_s``, :class:`NoEngineWorker` naming the pool
   at the deadline;
@@ -33,14 +32,17 @@ from typing import Any, Callable
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gfcr.transport.remote.call import GenerateCall, check_pool, read_parquet
+from gfcr.transport.remote.call import check_pool, read_parquet
 from gfcr.transport.remote.guard import WITHDRAWN
 from gfcr.transport.remote.keys import load_key, sign
 from gfcr.transport.remote.worker import BEAT, pool_tag
 
+KIND = "score"
+"""The kind a call is signed as (gfcr.transport.remote.keys): pools serve score calls only."""
+
 
 class NoEngineWorker(TimeoutError):
-    """No engine worker took a call of the pool within the timeout."""
+    """No worker of the pool (``gfcr engine-worker``) took a call within the timeout."""
 
     gfcr_retry = False  # a retry would wait the whole timeout again (gfcr.transport.executors)
 
@@ -51,11 +53,12 @@ class LostCall(RuntimeError):
     gfcr_retry = False  # the attempts were the retries
 
 
-class GeneratePool(BaseModel):
-    """Where a run's generate stage runs: on the engine workers of ``pool``.
+class WorkerPool(BaseModel):
+    """Where a run's scoring filter stages run: on the workers of ``pool``
+    (``gfcr engine-worker --pool POOL``; ``gfcr run --score-pool POOL``).
 
     A run option, not a pipeline field: it says where the work runs, not what it is, so
-    the same pipeline (and spec hash) gives the same rollouts in-process or on workers."""
+    the same pipeline (and spec hash) gives the same scores in-process or on workers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,8 +72,6 @@ class GeneratePool(BaseModel):
     again (a worker killed mid-task); the step uses whichever attempt finishes."""
     attempts: int = Field(3, ge=1)
     """Sendings of one call at most, its first included."""
-    keep: int = Field(3, ge=2)
-    """Published weight versions kept (gfcr.runner.weights)."""
     key_file: str | None = None
     """The pool's key (gfcr.transport.remote.keys); None: the file GFCR_POOL_KEY_FILE names."""
 
@@ -85,16 +86,16 @@ class _Sent:
     """A call sent to a pool: its task run, and the table it was sent with."""
 
     call: Any
-    """A GenerateCall or a ScoreCall (gfcr.transport.remote.call)."""
+    """A ScoreCall (gfcr.transport.remote.call)."""
     future: Any
-    plan: pa.Table
-    """The call's input table (a generate call's plan, a score call's rows)."""
+    rows: pa.Table
+    """The call's input table (the rows to score)."""
     sent: float
     delay_s: float
     """Seconds ``.delay()`` took (creating the task run, storing its parameters)."""
     first: float | None = None
-    """When the run first waited for the call (this process's clock; a call sent ahead
-    waits in the queue until its step comes): its deadline counts from it."""
+    """When the run first waited for the call (this process's clock): its deadline
+    counts from it."""
     at: float = field(default_factory=time.monotonic)
     """When this attempt was sent."""
     attempt: int = 1
@@ -108,28 +109,21 @@ class _Sent:
     """When the run last asked whether a worker of the pool sits idle."""
 
 
-def kind(call: Any) -> str:
-    return "generate" if isinstance(call, GenerateCall) else "score"
-
-
 class PoolCalls:
-    """Sends calls of one kind to a pool's Prefect task and waits for each (see the
-    module). ``task(pool)`` is the pool's task (gfcr.transport.remote.worker)."""
+    """Sends score calls to a pool's Prefect task and waits for each (see the module).
+    ``task(pool)`` is the pool's task (gfcr.transport.remote.worker.score_task)."""
 
-    def __init__(self, placement: GeneratePool, task: Callable[[str], Any],
+    def __init__(self, placement: WorkerPool, task: Callable[[str], Any],
                  notify: Callable[[str], None]) -> None:
         self.placement, self.task, self.notify = placement, task, notify
         self.key = load_key(placement.key_file)  # refused here, before any work
 
-    def send(self, call: Any, inputs: pa.Table, started: float, *,
-             ahead: bool = False) -> _Sent:
-        """Submit ``call`` (whose input tables are already staged) with ``.delay()``; it
-        expires for the workers at its deadline, unless sent ``ahead`` of its step (when
-        the run starts waiting for it is not known yet)."""
+    def send(self, call: Any, inputs: pa.Table, started: float) -> _Sent:
+        """Submit ``call`` (whose input table is already staged) with ``.delay()``; it
+        expires for the workers at its deadline."""
         delaying = time.perf_counter()
-        expires = None if ahead else time.time() + self.placement.timeout_s
-        call = call.model_copy(update={"expires": expires})
-        mac = sign(kind(call), call, self.key)
+        call = call.model_copy(update={"expires": time.time() + self.placement.timeout_s})
+        mac = sign(KIND, call, self.key)
         future = _outside_runs(lambda: self.task(self.placement.pool).delay(
             name=call.name, call=call.model_dump(mode="json"), mac=mac))
         return _Sent(call, future, inputs, started, time.perf_counter() - delaying)
@@ -138,8 +132,7 @@ class PoolCalls:
         """Wait for ``sent`` (:meth:`wait`); its report and output, its files removed."""
         report = self.wait(sent)
         table = read_parquet(report["out"])
-        inputs = sent.call.plan if isinstance(sent.call, GenerateCall) else sent.call.rows
-        for path in (inputs, sent.call.out, sent.call.out + BEAT):
+        for path in (sent.call.rows, sent.call.out, sent.call.out + BEAT):
             Path(path).unlink(missing_ok=True)
         return report, table
 
@@ -210,7 +203,7 @@ class PoolCalls:
         old_call, old_future = sent.call, sent.future
         first = re.sub(r"-attempt\d+$", "", Path(old_call.out).name.removesuffix(".parquet"))
         out = str(Path(old_call.out).with_name(f"{first}-attempt{sent.attempt + 1}.parquet"))
-        again = self.send(old_call.model_copy(update={"out": out}), sent.plan, sent.sent)
+        again = self.send(old_call.model_copy(update={"out": out}), sent.rows, sent.sent)
         sent.superseded.append((old_call, old_future))
         self.withdraw(client, old_call, old_future)
         sent.call, sent.future, sent.delay_s = again.call, again.future, again.delay_s

@@ -1,11 +1,11 @@
-"""The run side of scoring on engine workers: a run's scoring filter stages sent to a pool.
+"""The run side of a score pool: a run's scoring filter stages sent to a pool's workers.
 
 A filter stage scores when it writes the ``reward`` column (its column contract,
 ``writes``), whatever its class: Verify and any other scorer. :class:`RemoteScore` is the
 run's scorer (gfcr.core.services.Scorer): for such a stage it writes the step's complete
 rollouts as Parquet in the run's staging folder, submits one :class:`ScoreCall` to the
 pool's score task (``gfcr_score__<pool>``, served by ``gfcr engine-worker``) and waits for
-it with the generate calls' bounded wait and heartbeat re-send
+it, bounded, re-sending a call whose worker was lost
 (:class:`gfcr.transport.remote.pool.PoolCalls`). The worker rebuilds the stage and the task
 from their configs, so a code verifier still runs the model's code in its sandbox, on
 the worker. Other filters (group filters on rewards, length shaping) stay in-process.
@@ -24,7 +24,7 @@ import pyarrow as pa
 from gfcr.core.rollout import col
 from gfcr.runner.filters import applied
 from gfcr.transport.remote.call import ScoreCall, code_hash, history_at, spec_hash, write_parquet
-from gfcr.transport.remote.pool import GeneratePool, PoolCalls
+from gfcr.transport.remote.pool import PoolCalls, WorkerPool
 from gfcr.transport.remote.worker import score_task
 
 
@@ -33,13 +33,13 @@ def scores(stage: Any) -> bool:
     return stage.kind == "filter" and col.REWARD in stage.writes
 
 
-def for_run(pool: GeneratePool | str | None, pipeline: Any, run_id: str, root: Path,
+def for_run(pool: WorkerPool | str | None, pipeline: Any, run_id: str, root: Path,
             notify: Callable[[str], None]) -> "RemoteScore | None":
     """The scorer of ``run_id`` on ``pool`` (a name: the default timeouts); None
     without a pool."""
     if pool is None:
         return None
-    placement = GeneratePool(pool=pool) if isinstance(pool, str) else pool
+    placement = WorkerPool(pool=pool) if isinstance(pool, str) else pool
     return RemoteScore(placement, pipeline=pipeline, run_id=run_id, root=root,
                        notify=notify)
 
@@ -47,7 +47,7 @@ def for_run(pool: GeneratePool | str | None, pipeline: Any, run_id: str, root: P
 class RemoteScore:
     """Sends one run's scoring filter calls to ``placement.pool`` (see the module)."""
 
-    def __init__(self, placement: GeneratePool, *, pipeline: Any, run_id: str, root: Path,
+    def __init__(self, placement: WorkerPool, *, pipeline: Any, run_id: str, root: Path,
                  notify: Callable[[str], None]) -> None:
         from prefect.settings import PREFECT_API_URL
 
@@ -84,5 +84,5 @@ class RemoteScore:
                          policy_version=ctx.policy_version, stage=dumped, task=task,
                          rows=str(self.staging / f"{stem}-rows.parquet"),
                          out=str(self.staging / f"{stem}-scored.parquet"),
-                         code_hash=code_hash(), spec_hash=spec_hash(dumped, (), {}, {}, task),
+                         code_hash=code_hash(), spec_hash=spec_hash(dumped, task),
                          **history_at(ctx))

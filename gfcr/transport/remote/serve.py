@@ -30,12 +30,12 @@ def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
                timeout: float | None = None, imports: tuple[str, ...] = (),
                key_file: str | Path | None = None, allow_refs: tuple[str, ...] = (),
                api_wait_s: float = API_WAIT_S) -> None:
-    """Serve ``pool``'s generate and score calls until stopped (or ``timeout`` seconds).
+    """Serve ``pool``'s score calls until stopped (or ``timeout`` seconds).
     Needs a Prefect API server (PREFECT_API_URL), the result storage the runs use and the
     pool's key (``key_file`` or GFCR_POOL_KEY_FILE). ``imports``: modules that register
     components the runs name (a task of one's own) besides the ``gfcr.plugins`` entry
     points; their public names, and ``allow_refs``, are the code the calls may name by
-    import path."""
+    import path (a scorer function)."""
     from prefect.settings import PREFECT_API_URL
     from prefect.task_worker import serve
 
@@ -54,7 +54,7 @@ def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
         importlib.import_module(module)
     refs.allow(allow_refs, imports)
     say(f"engine worker {worker.WORKER} serves pool {pool!r} (calls signed with its key only)")
-    serve(worker.pool_task(pool), worker.score_task(pool), limit=limit, timeout=timeout)
+    serve(worker.score_task(pool), limit=limit, timeout=timeout)
 
 
 def reach_api(url: str, wait_s: float) -> None:

@@ -1,22 +1,19 @@
-"""Engine workers: long-lived processes that run generate stage calls for any run.
+"""A pool's workers: long-lived processes that run scoring filter stage calls for any run.
 
 ``gfcr engine-worker --pool NAME`` serves the pool's Prefect task with
-``prefect.task_worker.serve`` (:func:`gfcr.transport.remote.serve.serve_pool`). Each call (:class:`GenerateCall`)
-names its run, configs and policy version; the worker builds the policy, engine and task
-from the configs once per (run, policy/engine/task config) and keeps them loaded between
-tasks (:class:`Engines`), loads the weight version the call names in place when it is not
-the one loaded, runs the generate stage (with the in-flight hooks the call names, and the
-step's History: the run's store opened read-only at the call's snapshot) and writes the
-rollouts as a Parquet file where the call says.
+``prefect.task_worker.serve`` (:func:`gfcr.transport.remote.serve.serve_pool`). Each call
+(:class:`ScoreCall`) names its run, the stage's and the task's configs and the rows to
+score; the worker rebuilds the stage and the task once per configs (:func:`_scorer`),
+runs the stage on the rows (with the step's History: the run's store opened read-only at
+the call's snapshot) and writes the scored rows as a Parquet file where the call says.
+A run names the pool with ``gfcr run --score-pool NAME``.
 
-The pool's task is the function :func:`_generate` under the name
-``gfcr_generate__<pool>``: Prefect routes a task run to the workers whose task key (the
-function's name and a hash of its code) matches, so each pool is its own queue, and a
-worker whose gfcr differs in other places still takes the call and refuses it, naming
-both code hashes, instead of leaving it queued forever. The same process serves the
-pool's score calls (:class:`ScoreCall`, :func:`run_score`) as a second task,
-``gfcr_score__<pool>``: a CPU-only pool is ``gfcr engine-worker --pool cpu`` on a host
-whose runs name it with ``--score-pool cpu``.
+The pool's task is the function :func:`_score` under the name ``gfcr_score__<pool>``:
+Prefect routes a task run to the workers whose task key (the function's name and a hash
+of its code) matches, so each pool is its own queue, and a worker whose gfcr differs in
+other places still takes the call and refuses it, naming both code hashes, instead of
+leaving it queued forever. (Until issue 24 the same workers also ran a run's generate
+stage; generation now leaves a run's process only on a fleet, gfcr.transport.fleet.)
 """
 
 from __future__ import annotations
@@ -27,13 +24,13 @@ import socket
 import threading
 import time
 import types
-from pathlib import Path
 from collections import OrderedDict
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
-from gfcr.transport.remote.call import (GenerateCall, Refused, ScoreCall, check_pool, code_hash,
-                                        read_parquet, spec_hash, write_parquet)
+from gfcr.transport.remote.call import (Refused, ScoreCall, check_pool, code_hash, read_parquet,
+                                        spec_hash, write_parquet)
 from gfcr.transport.remote.guard import admit, withdrawn
 
 log = logging.getLogger("gfcr.engine_worker")
@@ -42,82 +39,8 @@ BEAT, BEAT_S = ".beat", 1.0
 """A running call's heartbeat: a file beside its output, touched every BEAT_S seconds, by
 which the run tells a lost worker (killed, its host gone) from a slow one."""
 
-CACHED_ENGINES = 2
-"""Engines a worker keeps loaded (one per run and policy config), oldest dropped first."""
-
-
-class _Loaded:
-    """One run's policy, engine and task on this worker, and the version loaded."""
-
-    def __init__(self, call: GenerateCall) -> None:
-        from gfcr.core.stage import lookup
-
-        policy_spec: Any = lookup("policy", call.policy["type"]).model_validate(call.policy)
-        engine_spec: Any = lookup("engine", call.engine["type"]).model_validate(call.engine)
-        self.policy = policy_spec.build(seed=call.seed)
-        self.engine = engine_spec.build(self.policy, seed=call.seed)
-        self.task: Any = lookup("task", call.task["type"]).model_validate(call.task)
-        self.version: tuple[int, str] | None = None
-        """(version, publication id) loaded from the published weights; None: none yet."""
-
-    def at_version(self, call: GenerateCall) -> bool:
-        """Load the call's weights version in place unless loaded; whether it loaded. A
-        version is known by its publication, not its number: a resumed run publishes
-        its numbers again (gfcr.runner.weights)."""
-        from gfcr.runner.weights import WeightStore
-
-        weights = WeightStore(Path(call.weights), self.policy.io)
-        published = weights.get(call.policy_version)
-        if self.version == (call.policy_version, published.ident):
-            return False
-        self.policy.load_weights(published.weights)
-        self.engine.update_weights()  # an engine with its own copy refreshes it
-        self.policy.version = call.policy_version
-        self.version = (call.policy_version, published.ident)
-        return True
-
-
-class Engines:
-    """The engines this worker holds, by (run, configs); one call at a time per worker."""
-
-    def __init__(self, size: int = CACHED_ENGINES) -> None:
-        self.size, self.lock = size, threading.Lock()
-        self.held: OrderedDict[tuple[str, str, str], _Loaded] = OrderedDict()
-        self.builds = 0
-
-    def get(self, call: GenerateCall) -> _Loaded:
-        key = (call.run_id, call.weights,
-               spec_hash({}, (), call.policy, call.engine, call.task))
-        if key not in self.held:
-            while len(self.held) >= self.size:
-                self.held.popitem(last=False)
-            self.held[key] = _Loaded(call)
-            self.builds += 1
-        self.held.move_to_end(key)
-        return self.held[key]
-
-
-ENGINES = Engines()
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process's name as an engine worker (``--name`` replaces it)."""
-
-
-def check(call: GenerateCall) -> tuple[Any, list[Any]]:
-    """The call's stage and hooks as this worker's classes validate them; Refused when
-    this worker's code or its reading of the configs differs from the run's."""
-    from gfcr.core.stage import lookup
-
-    _same_code(call.run_id, call.code_hash)
-    stage = lookup("generate", call.stage["type"]).model_validate(call.stage)
-    hooks = [lookup("control", h["type"]).model_validate(h) for h in call.hooks]
-    mine = spec_hash(stage.model_dump(mode="json"),
-                     tuple(h.model_dump(mode="json") for h in hooks),
-                     _dump("policy", call.policy), _dump("engine", call.engine),
-                     _dump("task", call.task))
-    if mine != call.spec_hash:
-        raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
-                      f"differently: worker spec {mine}, run spec {call.spec_hash}")
-    return stage, hooks
 
 
 def _same_code(run_id: str, theirs: str) -> None:
@@ -125,12 +48,6 @@ def _same_code(run_id: str, theirs: str) -> None:
         raise Refused(f"engine worker {WORKER} runs other code than run {run_id!r}: "
                       f"worker code {code_hash()}, run code {theirs}; start the "
                       "worker from the same gfcr, stages and store")
-
-
-def _dump(kind: Any, data: dict[str, Any]) -> dict[str, Any]:
-    from gfcr.core.stage import lookup
-
-    return lookup(kind, data["type"]).model_validate(data).model_dump(mode="json")
 
 
 @contextmanager
@@ -157,41 +74,14 @@ def _beating(path: str) -> Iterator[None]:
         thread.join()
 
 
-def run_call(call: GenerateCall) -> dict[str, Any]:
-    """Run one call on this worker; what it reports (output path, rows, worker, times)."""
-    from gfcr.core.stage import StepContext
-    from gfcr.runner.inprocess import SegmentHooks
-
-    started = time.perf_counter()
-    stage, hooks = check(call)
-    with ENGINES.lock, _beating(call.out + BEAT):  # until the output is in place
-        loaded = ENGINES.get(call)
-        loading = time.perf_counter()
-        fresh = loaded.at_version(call)
-        load_s = time.perf_counter() - loading
-        ctx = StepContext(run_id=call.run_id, step=call.step, seed=call.seed,
-                          policy_version=call.policy_version, task=loaded.task,
-                          history=_history(call), round=call.round, quota=call.quota)
-        plan = read_parquet(call.plan)
-        generating = time.perf_counter()
-        table = stage.generate(ctx, plan, loaded.engine,
-                               SegmentHooks(ctx, hooks) if hooks else None)
-        generated = time.perf_counter() - generating
-        _write_out(call, table)
-    return {"out": call.out, "rows": table.num_rows, "worker": WORKER,
-            "loaded_version": fresh, "engines_built": ENGINES.builds, "load_s": load_s,
-            "generate_s": generated,
-            "worker_s": time.perf_counter() - started}
-
-
-def _write_out(call: GenerateCall | ScoreCall, table: Any) -> None:
+def _write_out(call: ScoreCall, table: Any) -> None:
     """Write the call's output, beating (issue 21 D3), unless its run withdrew the call
     meanwhile; never making the run's folder again (gfcr.transport.remote.guard)."""
     if not withdrawn(call):
         write_parquet(call.out, table, make_folder=False)
 
 
-def _history(call: GenerateCall | ScoreCall) -> Any:
+def _history(call: ScoreCall) -> Any:
     """The step's History as the run pinned it: the run's store opened read-only (once
     per worker, gfcr.core.storage.other_store) at the call's snapshot; None without a store."""
     from gfcr.core.storage import other_store
@@ -199,20 +89,6 @@ def _history(call: GenerateCall | ScoreCall) -> Any:
     if call.store is None:
         return None
     return other_store(call.store, as_of_snapshot=call.snapshot, run_id=call.run_id)
-
-
-def _generate(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
-    """The pool task's body: one generate stage call (``name`` names the task run),
-    run only when signed with the pool's key and its files are its run's (guard)."""
-    parsed = GenerateCall.model_validate(call)
-    admit("generate", parsed, mac, WORKER, _task_run_id())
-    _sign(name)
-    if withdrawn(parsed):
-        return {"out": parsed.out, "withdrawn": True, "worker": WORKER}
-    report = run_call(parsed)
-    log.info("%s ran on engine worker %s (version %d, %d rows, %.2f s)", name, WORKER,
-             parsed.policy_version, report["rows"], report["worker_s"])
-    return report
 
 
 def _task_run_id() -> str:
@@ -275,8 +151,7 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
     if call.spec_hash not in _SCORERS:
         stage = lookup("filter", call.stage["type"]).model_validate(call.stage)
         task = lookup("task", call.task["type"]).model_validate(call.task)
-        mine = spec_hash(stage.model_dump(mode="json"), (), {}, {},
-                         task.model_dump(mode="json"))
+        mine = spec_hash(stage.model_dump(mode="json"), task.model_dump(mode="json"))
         if mine != call.spec_hash:
             raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
                           f"differently: worker spec {mine}, run spec {call.spec_hash}")
@@ -287,7 +162,8 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
 
 
 def _score(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
-    """The score task's body: one scoring filter stage call (checked as _generate's)."""
+    """The pool task's body: one scoring filter stage call (``name`` names the task
+    run), run only when signed with the pool's key and its files are its run's (guard)."""
     parsed = ScoreCall.model_validate(call)
     admit("score", parsed, mac, WORKER, _task_run_id())
     _sign(name)
@@ -307,15 +183,10 @@ def pool_tag(pool: str) -> str:
     return f"gfcr-pool:{pool}"
 
 
-def pool_task(pool: str) -> Any:
-    """The Prefect task for ``pool``'s generate calls (built once per process): the one
-    the run submits with ``.delay()`` and the worker serves, under the key
-    ``gfcr_generate__<pool>``."""
-    return _task(_generate, "generate", pool)
-
-
 def score_task(pool: str) -> Any:
-    """The Prefect task for ``pool``'s score calls, key ``gfcr_score__<pool>``."""
+    """The Prefect task for ``pool``'s score calls (built once per process): the one the
+    run submits with ``.delay()`` and the worker serves, under the key
+    ``gfcr_score__<pool>``."""
     return _task(_score, "score", pool)
 
 
