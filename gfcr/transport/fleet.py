@@ -127,7 +127,15 @@ class FleetGenerator:
 
     def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
                hooks: list[OnSegment]) -> Pending:
-        return self._calls.run(lambda: generate_with(self.engine, ctx, gen, plan, hooks))
+        return self._calls.run(lambda: self._generate(ctx, gen, plan, hooks))
+
+    def _generate(self, ctx: StepContext, gen: Generate, plan: pa.Table,
+                  hooks: list[OnSegment]) -> pa.Table:
+        """``gen`` on the fleet; the fleet's errors name the stage and the step."""
+        # getattr: a Generate is any object with generate(); gfcr's stages have a label
+        label = getattr(gen, "label", type(gen).__name__)
+        self.engine.caller = f"stage {label!r} at step {ctx.step}"
+        return generate_with(self.engine, ctx, gen, plan, hooks)
 
     def load(self, handle: WeightHandle) -> None:
         """Publish ``handle`` now; the servers load it before the next call."""
@@ -148,6 +156,7 @@ class FleetGenerator:
         if handle.version != self.version:
             self.load(handle)
         self.drain()
+        self.engine.caller = "the held-out evaluation"
         return evaluate(task, self.engine, prompts, max_tokens=max_tokens,
                         progress=progress)
 

@@ -69,6 +69,8 @@ class FleetEngine:
         self._folder: str | None = None
         self.requests = 0  # requests sent (for dispatch-cost measurements)
         self._homes: dict[Any, str] = {}  # group -> server URL, as the last call placed it
+        self.caller = "a generate call"
+        """Who calls (the run's generator names the stage and step): errors name it."""
 
     @property
     def version(self) -> int:
@@ -246,7 +248,8 @@ class FleetEngine:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
                 if err.why.startswith("HTTP 4"):  # the request's fault: no retry helps
-                    raise ValueError(f"the fleet refused request {rid}: {err}") from None
+                    raise ValueError(f"the fleet refused request {rid} of {self.caller}: "
+                                     f"{err}") from None
                 server.abort([name])  # superseded: its deadline passed or it broke
                 errors.append(str(err))
                 self._out(server, str(err))
@@ -293,7 +296,8 @@ class FleetEngine:
 
     def _why(self, what: str) -> str:
         states = [f"{s.url}: {self.down.get(s.url, 'live')}" for s in self.servers]
-        return f"the fleet cannot serve: {what}. Servers: " + "; ".join(states)
+        return (f"the fleet cannot serve {self.caller}: {what}. Servers: "
+                + "; ".join(states))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,7 +18,7 @@ from gfcr.launch.run import execute
 from gfcr.runner.weights import WeightStore, directory
 from gfcr.transport.fleet import Fleet
 from pipelines.agentic import pipeline as agentic
-from stages import GRPO, AgentEnv, UniformSampler
+from stages import GRPO, AgentEnv, Episodes, UniformSampler
 from stages.engines import teacher
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
@@ -44,6 +44,7 @@ def _check_token_exact(root: Path, run_id: str, rows: list[dict[str, Any]]) -> i
     that sampled them (the environment's and tools' tokens are out of the loss, 0);
     returns the policy turns checked."""
     policy = VLLM_POLICY.build(seed=0)
+    assert policy.io is not None
     store = WeightStore(directory(root, run_id), policy.io)
     turns = 0
     for r in rows:
@@ -110,3 +111,18 @@ def test_agent_env_serves_an_openai_client_agent_from_the_fleet(
         assert r["policy_version_end"] == 0 and r["server"] in urls
     assert {r["server"] for r in rows} == urls  # the two tasks, one on each server
     assert _check_token_exact(tmp_path, "agent-fleet", rows) == 8
+
+
+def test_a_turn_the_servers_refuse_fails_the_run_naming_the_stage_and_the_fleet(
+        tmp_path: Path, fleet: list[servers.Started]) -> None:
+    # the servers' context (--max-model-len 256) is shorter than this turn's cap
+    p = tiny_pipeline(
+        steps=1, policy=VLLM_POLICY, engine=vllm_engine_spec(),
+        stages=[UniformSampler(batch=1),
+                Episodes(env="feedback", n=2, max_turns=2, max_tokens=240,
+                         max_episode_tokens=240),
+                GRPO(lr=1e-2)])
+    with pytest.raises(ValueError, match="the fleet refused request .* of stage 'episodes' "
+                                         "at step 0: vLLM server http://.*HTTP 400"):
+        execute(p, root=tmp_path, executor="local",
+                generate_pool=Fleet(urls=tuple(s.url for s in fleet)))
