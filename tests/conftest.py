@@ -1,5 +1,5 @@
-"""Shared fixtures: a tiny pipeline, one Prefect test server for the whole session, and
-the engine pools' key."""
+"""Shared fixtures: a tiny pipeline, one Prefect test server for the whole session, the
+engine pools' key, and two vLLM servers for the fleet tests."""
 
 from __future__ import annotations
 
@@ -66,3 +66,14 @@ def pool_key(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop(KEY_ENV, None)
     else:
         os.environ[KEY_ENV] = before
+
+
+@pytest.fixture(scope="session")
+def fleet_servers(tmp_path_factory: pytest.TempPathFactory):
+    """Two real vLLM CPU servers (``gfcr engine serve``) shared by the fleet test modules
+    (tests.resources.fleet); skips without vLLM (fails under CI)."""
+    from tests.resources import fleet
+    from tests.resources.vllm import vllm_engine_spec
+
+    vllm_engine_spec()
+    yield from fleet.pool(tmp_path_factory.mktemp("fleet"))

@@ -64,6 +64,10 @@ class GenRequest:
     prefix_logprobs: list[float] = field(default_factory=list)
     max_tokens: int | None = None
     """Total completion length cap, prefix included; None means SamplingParams.max_tokens."""
+    group: str | None = None
+    """Requests that share a prefix, such as a task's episodes (None: its prompt alone
+    says): a fleet sends a group to one server, for its prefix cache; an engine in this
+    process ignores it."""
 
 
 @dataclass

@@ -182,8 +182,9 @@ default) from its own forward pass. A filter writes it (stages.filter.d3s)."""
 
 SERVER = "server"
 """Extra column (string, null = generated in the run's process or carried over): the
-URL of the fleet server (gfcr.transport.fleet) that generated the row's last tokens. Only a run
-that generates on a fleet writes it."""
+URL of the fleet server (gfcr.transport.fleet) that generated the row's last tokens (a
+multi-turn row's: the server of its last policy turn). Only a run that generates on a
+fleet writes it."""
 
 D3S_ADVANTAGE = "d3s_advantage"
 """Advantage override (float64, null = none): where present, the trainer trains the row

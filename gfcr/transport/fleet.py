@@ -10,6 +10,13 @@ Nothing of Prefect is on this data path: a server is a vLLM HTTP server, a reque
 POST, so a Prefect API restart loses nothing and a lost server loses only its requests
 in flight, which go to the others.
 
+Every generate stage runs on a fleet, the agentic ones included: ``Episodes`` and
+``AgentEnv`` (stages.generate) make each turn-wave of a step's episodes one fleet call,
+split by group (a task's episodes on one server, back on the server of their last turn
+while the load stays fair), and render their conversations with the run's policy's
+tokenizer and chat template (the fleet engine's ``tokenizer``), so nothing of vLLM runs
+in the run's process. A multi-turn row's ``server`` is the server of its last policy turn.
+
 Weights by version (:class:`gfcr.runner.weights.FileSync`): each version the learner hands out
 is written once, in the engine's dtype, as a versioned folder (manifest last) under
 ``Fleet.weights`` (default: the run root's ``weights/RUN_ID``, which the servers must
@@ -120,7 +127,15 @@ class FleetGenerator:
 
     def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
                hooks: list[OnSegment]) -> Pending:
-        return self._calls.run(lambda: generate_with(self.engine, ctx, gen, plan, hooks))
+        return self._calls.run(lambda: self._generate(ctx, gen, plan, hooks))
+
+    def _generate(self, ctx: StepContext, gen: Generate, plan: pa.Table,
+                  hooks: list[OnSegment]) -> pa.Table:
+        """``gen`` on the fleet; the fleet's errors name the stage and the step."""
+        # getattr: a Generate is any object with generate(); gfcr's stages have a label
+        label = getattr(gen, "label", type(gen).__name__)
+        self.engine.caller = f"stage {label!r} at step {ctx.step}"
+        return generate_with(self.engine, ctx, gen, plan, hooks)
 
     def load(self, handle: WeightHandle) -> None:
         """Publish ``handle`` now; the servers load it before the next call."""
@@ -141,6 +156,7 @@ class FleetGenerator:
         if handle.version != self.version:
             self.load(handle)
         self.drain()
+        self.engine.caller = "the held-out evaluation"
         return evaluate(task, self.engine, prompts, max_tokens=max_tokens,
                         progress=progress)
 

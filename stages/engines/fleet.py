@@ -1,8 +1,11 @@
 """The vLLM engine as a fleet of vLLM's own servers (gfcr.core.engine.Engine over HTTP).
 
 A generate call is split across the servers by group (a GRPO group's samples share a
-server, so they share its prefix cache); every request goes out at once, each on a
-thread of its own, and its tokens come back as the server finishes it. Token ids go in
+server, so they share its prefix cache; so do a task's episodes, whose requests name
+their group, :attr:`gfcr.core.engine.GenRequest.group`); every request goes out at once,
+each on a thread of its own, and its tokens come back as the server finishes it. A group
+the previous call placed goes back to the same server while that keeps the load fair, so
+an episode's next turn finds its conversation so far in that server's prefix cache. Token ids go in
 and out (vLLM's ``/inference/v1/generate``), so nothing is decoded and encoded again:
 the tokens and logprobs stored are the ones vLLM sampled.
 
@@ -65,6 +68,9 @@ class FleetEngine:
         self._label: str | None = None  # None: the weights the servers started with
         self._folder: str | None = None
         self.requests = 0  # requests sent (for dispatch-cost measurements)
+        self._homes: dict[Any, str] = {}  # group -> server URL, as the last call placed it
+        self.caller = "a generate call"
+        """Who calls (the run's generator names the stage and step): errors name it."""
 
     @property
     def version(self) -> int:
@@ -73,6 +79,12 @@ class FleetEngine:
     @property
     def label(self) -> str | None:
         return self._label
+
+    @property
+    def tokenizer(self) -> Any:
+        """The run's policy's tokenizer (and chat template): the agentic stages render
+        conversations with it here, so nothing of vLLM's is needed in this process."""
+        return self._policy.tokenizer
 
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)
@@ -168,24 +180,32 @@ class FleetEngine:
                 for s in seqs]
 
     def _assign(self, seqs: list[Seq], hook: SegmentHook | None) -> dict[int, Server]:
-        """Request key -> its server: whole groups (the hook's, else requests of one
-        prompt), each to the live server with the fewest requests so far."""
+        """Request key -> its server: whole groups (the hook's, else the request's own
+        ``group``, else requests of one prompt), each to the server the previous call
+        gave it if that server is live and stays within its fair share, else to the live
+        server with the fewest requests so far."""
         # getattr: gfcr.runner.inprocess.SegmentHooks keeps the call's groups; others may not
         flight = getattr(hook, "flight", None)
         groups: dict[Any, list[Seq]] = {}
         for s in seqs:
             key = flight.groups.get(s.req.key) if flight is not None else None
-            groups.setdefault(key or tuple(s.req.prompt_ids), []).append(s)
+            groups.setdefault(key or s.req.group or tuple(s.req.prompt_ids), []).append(s)
         live = self._live()
         if not live:
             raise FleetDown(self._why("no server is live"))
         load = {server.url: 0 for server in live}
+        fair = -(-len(seqs) // len(live))  # ceil: requests per server
         owner: dict[int, Server] = {}
-        for members in groups.values():
-            server = min(live, key=lambda x: load[x.url])
-            load[server.url] += len(members)
+        homes: dict[Any, str] = {}
+        for group, members in groups.items():
+            home = next((x for x in live if x.url == self._homes.get(group)), None)
+            if home is None or load[home.url] + len(members) > fair:
+                home = min(live, key=lambda x: load[x.url])
+            load[home.url] += len(members)
+            homes[group] = home.url
             for s in members:
-                owner[s.req.key] = server
+                owner[s.req.key] = home
+        self._homes = homes
         return owner
 
     def _segment(self, live: list[Seq], params: SamplingParams, step: int | None,
@@ -228,7 +248,8 @@ class FleetEngine:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
                 if err.why.startswith("HTTP 4"):  # the request's fault: no retry helps
-                    raise ValueError(f"the fleet refused request {rid}: {err}") from None
+                    raise ValueError(f"the fleet refused request {rid} of {self.caller}: "
+                                     f"{err}") from None
                 server.abort([name])  # superseded: its deadline passed or it broke
                 errors.append(str(err))
                 self._out(server, str(err))
@@ -275,7 +296,8 @@ class FleetEngine:
 
     def _why(self, what: str) -> str:
         states = [f"{s.url}: {self.down.get(s.url, 'live')}" for s in self.servers]
-        return f"the fleet cannot serve: {what}. Servers: " + "; ".join(states)
+        return (f"the fleet cannot serve {self.caller}: {what}. Servers: "
+                + "; ".join(states))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gfcr.core.engine import Engine
-from gfcr.core.rollout import NEW_TOKENS, col, stable_id
+from gfcr.core.rollout import NEW_TOKENS, SERVER, col, stable_id
 from gfcr.core.stage import StepContext
 from stages.generate._episodes import Episode, Trajectory, trajectories
 
@@ -30,7 +30,8 @@ def episode_rows(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample
                  episode: Episode, engine: Engine, *, reward: float | None,
                  error: str | None, seconds: float) -> list[dict[str, Any]]:
     """One row per trajectory of the episode (one empty row when the agent made no
-    call), each with the episode's reward (0 when it failed) and error."""
+    call), each with the episode's reward (0 when it failed) and error, and, on a fleet,
+    the server of its last policy turn."""
     with episode.lock:
         calls = list(episode.calls)
     paths = trajectories(calls)
@@ -63,6 +64,8 @@ def episode_rows(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample
             col.GEN_SECONDS: seconds, col.CREATED_AT: datetime.now(timezone.utc),
             col.TURNS: [_prompt_turn(path.prompt_ids)] + path.turns,
             NEW_TOKENS: sum(len(o.completion_ids) for o in outs),
+            # on a fleet: the server of its last policy turn (gfcr.core.rollout.SERVER)
+            **({SERVER: outs[-1].server} if outs and outs[-1].server is not None else {}),
         })
     return rows
 

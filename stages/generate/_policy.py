@@ -5,6 +5,8 @@
   the ``top_k`` engine capability: HF, vLLM's ``logprobs=k``). These are the distributions
   the path was sampled from, so no second pass over the policy is needed, and a branch
   token's behaviour logprob is the engine's, like every other sampled logprob.
+- :func:`chat_tokenizer` (episodes, agents): the tokenizer that renders conversations,
+  the run's policy's wherever the engine runs (in this process or a fleet of servers).
 - :func:`forced_logprobs` (hints): the behaviour logprobs of tokens the policy did not
   sample but is made to continue from. No top-k list holds them (a hint token need not be
   among the most likely), and vLLM's prompt logprobs are taken before temperature, so
@@ -67,3 +69,18 @@ def forced_logprobs(engine: Any, prompt_ids: list[int], ids: list[int],
         raise TypeError(f"hints need an engine with teacher forcing (HF and vLLM have it); "
                         f"{type(engine).__name__} has no forced_logprobs")
     return list(engine.forced_logprobs(prompt_ids, ids, temperature))
+
+
+def chat_tokenizer(engine: Any, stage: str) -> Any:
+    """The tokenizer stage ``stage`` renders its conversations with: the engine's own
+    (a fleet's is the run's policy's, gfcr.transport.fleet) or its policy's (HF and vLLM
+    in this process); the engine then decodes with the same one."""
+    tokenizer = getattr(engine, "tokenizer", None)  # getattr: engines outside gfcr's protocol
+    if tokenizer is None:
+        tokenizer = getattr(getattr(engine, "policy", None), "tokenizer", None)
+    if tokenizer is None:
+        raise TypeError(f"stage {stage!r} renders conversations with the policy's tokenizer; "
+                        f"the engine {type(engine).__name__} exposes neither a tokenizer nor "
+                        f"a policy (HF and vLLM in this process do, and so does a fleet of "
+                        f"vLLM servers, gfcr.transport.fleet)")
+    return tokenizer

@@ -17,6 +17,10 @@ episode carries the episode's reward, and all rows of a task's episodes share on
 so GRPO's group baseline counts a branched episode once per branch (a choice: weighting
 branches by 1/branches would be the alternative).
 
+On a fleet of servers (gfcr.transport.fleet) each turn-wave is one fleet call, split by
+task (a task's episodes share a server), and a row's ``server`` is the server of its last
+policy turn; the endpoint renders and decodes with the run's policy's tokenizer.
+
 A plan's ``n`` column sets a task's episodes and its ``max_tokens`` column the task's cap
 per call (Control stages that allocate them work unchanged).
 
@@ -36,20 +40,20 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import (Any, Callable, ClassVar, Iterator, Literal, Protocol,
-                    runtime_checkable)
+from typing import Any, Callable, ClassVar, Iterator, Literal
 
 import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.core import refs
 from gfcr.core.chat import chat_format
-from gfcr.core.engine import Engine, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.core.engine import Engine, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
 from stages.generate._openai_chat import OpenAIChat
+from stages.generate._policy import chat_tokenizer
 from stages.generate.group import GENERATED
 from stages.generate.openai_api import AgentServer
 from stages.generate.rows import stable_id, to_table
@@ -112,13 +116,15 @@ class AgentEnv(StageSpec):
                  on_segment: SegmentHook | None) -> pa.Table:
         fn = _agent(self.agent, f"stage {self.label!r}: agent")
         tasks = plan.to_pylist()
-        chat = chat_format(_tokenizer(engine))
+        chat = chat_format(chat_tokenizer(engine, self.label))
         codec = OpenAIChat(chat)
         runs: list[_Run] = []
         for p_idx, prompt in enumerate(tasks):
             cap = None if prompt.get(PLAN_MAX_TOKENS) is None else int(prompt[PLAN_MAX_TOKENS])
+            group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
             for sample in range(_n(prompt, self.n)):
-                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, max_tokens=cap)))
+                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, max_tokens=cap),
+                                 group))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
                          wait=self.timeout, max_calls=self.max_calls) as server, \
@@ -131,8 +137,7 @@ class AgentEnv(StageSpec):
         rows: list[dict[str, Any]] = []
         ends: list[str] = []
         for run in runs:
-            group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", run.task)
-            more = episode_rows(ctx, tasks[run.task], group, run.sample, run.episode, engine,
+            more = episode_rows(ctx, tasks[run.task], run.group, run.sample, run.episode, engine,
                                 reward=run.reward, error=run.error, seconds=run.seconds)
             rows += more
             ends += [run.end()] * len(more)
@@ -159,6 +164,8 @@ class _Run:
     task: int
     sample: int
     episode: Episode
+    group: str
+    """The task's group id: its rows' ``group_id``, and its requests' group on a fleet."""
     reward: float | None = None
     error: str | None = None
     seconds: float = 0.0
@@ -191,6 +198,7 @@ class _Driver:
         self.spec, self.engine, self.server, self.waves = spec, engine, server, waves
         self.seeds = ctx.rng(spec.label)
         self.live: list[_Run] = []
+        self.groups: dict[int, str] = {}  # episode index -> its task's group
 
     def run(self, runs: list[_Run], fn: Callable[..., Any], client: Any,
             tasks: list[dict[str, Any]]) -> None:
@@ -225,6 +233,7 @@ class _Driver:
                 run.finished.set()
                 self.waves.wake()
 
+        self.groups[run.episode.index] = run.group
         run.started = time.monotonic()
         run.thread = threading.Thread(target=body, daemon=True,
                                       name=f"gfcr-agent-{run.episode.index}")
@@ -253,7 +262,8 @@ class _Driver:
             params = SamplingParams(temperature=self.spec.temperature, top_p=self.spec.top_p,
                                     max_tokens=self.spec.max_tokens, stop=stop,
                                     seed=int(self.seeds.integers(2**31 - 1)))
-            requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens)
+            requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens,
+                                   group=self.groups.get(a.episode.index))
                         for i, (a, ids) in enumerate(asks)]
             try:
                 outputs = self.engine.generate(requests, params)
@@ -317,15 +327,3 @@ def _clients(label: str, timeout: float) -> Iterator[Callable[[str], Any]]:
     finally:
         http.really_close()
 
-
-@runtime_checkable
-class _HasPolicy(Protocol):
-    @property
-    def policy(self) -> Policy: ...
-
-
-def _tokenizer(engine: Engine) -> Any:
-    if not isinstance(engine, _HasPolicy):
-        raise TypeError(f"AgentEnv renders chats with the policy's tokenizer; "
-                        f"{type(engine).__name__} exposes no policy")
-    return engine.policy.tokenizer

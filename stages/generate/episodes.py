@@ -18,6 +18,10 @@ scores it); an environment error is its ``score_error`` (reward 0 when the episo
 earned none), so the run goes on. This is the environment loop of verifiers/SkyRL
 (Brown 2025; Cao et al. 2025, "SkyRL") with the token-in, token-out discipline of
 :mod:`gfcr.core.chat`.
+
+On a fleet of servers (gfcr.transport.fleet) each turn-wave is one fleet call, split by
+group (a task's episodes share a server), and a row's ``server`` is the server of its
+last policy turn; the conversations are rendered with the run's policy's tokenizer.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.core.chat import Trajectory, Turn, chat_format
-from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook, Tokenizer
+from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
-                               PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
+                               PLAN_N, ROLLOUT_SCHEMA, SERVER, TURN_COUNT, col, stable_id)
 from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
+from stages.generate._policy import chat_tokenizer
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
 
 EPISODES_SCHEMA = pa.schema(list(GENERATED_SCHEMA) + [pa.field(EPISODE_END, pa.string()),
@@ -130,12 +135,15 @@ class Episodes(StageSpec):
             self._policy_turn(live, engine, seed + turn)
             self._env_turn(live, engine)
         rows = [self._row(ctx, e, engine) for e in episodes]
+        if any(SERVER in r for r in rows):  # generated on a fleet (gfcr.transport.fleet)
+            return pa.Table.from_pylist(rows, schema=EPISODES_SCHEMA.append(
+                pa.field(SERVER, pa.string())))
         return pa.Table.from_pylist(rows, schema=EPISODES_SCHEMA)
 
     def _start(self, ctx: StepContext, prompts: list[dict[str, Any]], engine: Engine
                ) -> list[Episode]:
         """One episode per sample, its environment made and reset (concurrently)."""
-        fmt = chat_format(_tokenizer(engine))
+        fmt = chat_format(chat_tokenizer(engine, self.label))
         factory = resolve_env(self.env)
         episodes = []
         for p_idx, prompt in enumerate(prompts):
@@ -179,7 +187,8 @@ class Episodes(StageSpec):
             cap = e.task.get(PLAN_MAX_TOKENS) or self.max_tokens
             room = self.max_episode_tokens - len(e.traj.completion_ids)
             requests.append(GenRequest(key=key, prompt_ids=e.traj.ids(),
-                                       max_tokens=max(1, min(int(cap), room))))
+                                       max_tokens=max(1, min(int(cap), room)),
+                                       group=e.group_id))
         params = SamplingParams(temperature=self.temperature, top_p=self.top_p,
                                 max_tokens=self.max_tokens, seed=seed,
                                 segment_tokens=self.segment_tokens)
@@ -234,7 +243,8 @@ class Episodes(StageSpec):
                         finish_reason=outs[-1].finish_reason if outs else "stop",
                         version_start=outs[0].version_start if outs else engine.version,
                         version_end=outs[-1].version_end if outs else engine.version,
-                        seconds=sum(o.seconds for o in outs))
+                        seconds=sum(o.seconds for o in outs),
+                        server=outs[-1].server if outs else None)  # its last turn's
         row = rollout_row(ctx, e.task["row"], e.group_id, e.sample_idx, traj.prompt_ids,
                           out, engine, parent_id=(e.branch or {}).get("parent_id"))
         reward = traj.reward()
@@ -274,11 +284,3 @@ def _invalid(e: Episode, call: str, err: Exception) -> None:
     e.error = (f"EnvError: {call} returned what cannot be appended to the conversation "
                f"({type(err).__name__}: {err})")
 
-
-def _tokenizer(engine: Engine) -> Tokenizer:
-    """The policy's tokenizer behind an engine (HF and vLLM engines hold the policy)."""
-    policy = getattr(engine, "policy", None)  # getattr: engines outside gfcr's protocol
-    if policy is None:
-        raise TypeError(f"episodes: the engine {type(engine).__name__} exposes no policy "
-                        "(its tokenizer renders the conversation); HF and vLLM do")
-    return policy.tokenizer

@@ -1,5 +1,5 @@
 """Generation on a fleet of vLLM's own servers (gfcr.transport.fleet, stages.engines.fleet): two
-real vLLM CPU servers, each started once for the module with ``gfcr engine serve``.
+real vLLM CPU servers, started once for the suite with ``gfcr engine serve``.
 
 The fleet's sampling is not the in-process engine's (vLLM batches a server's requests as
 they come, and per-request seeds are unreliable on vLLM's CPU build), so rows are checked
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 import pytest
@@ -31,17 +31,8 @@ from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[servers.Started]]:
-    vllm_engine_spec()  # skips without vLLM (fails under CI)
-    where = tmp_path_factory.mktemp("fleet")
-    save_policy(VLLM_POLICY.build(seed=0), where / "model")
-    started = [servers.start(where / "model", where / f"server-{i}.log") for i in range(2)]
-    try:
-        servers.wait_healthy(started)
-        yield started
-    finally:
-        for server in started:
-            server.kill()
+def fleet(fleet_servers: list[servers.Started]) -> list[servers.Started]:
+    return servers.revive(fleet_servers)  # the suite's two servers (tests/conftest.py)
 
 
 class Warnings:

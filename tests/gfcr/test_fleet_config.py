@@ -71,3 +71,31 @@ def test_a_run_request_generates_on_its_fleet_or_in_process() -> None:
     fleet = _generation(RunRequest(fleet=("http://a:1", "http://b:1"), generate_timeout=30))
     assert fleet == Fleet(urls=("http://a:1", "http://b:1"), timeout_s=30)
     assert _generation(RunRequest()) is None
+
+
+def test_a_group_shares_a_server_and_goes_back_to_it_while_the_load_stays_fair() -> None:
+    """Placement alone (no request is sent): a task's episodes name their group, and the
+    next turn-wave finds each group on the server that holds its conversation so far."""
+    from stages.engines._seqs import new_seq
+    from stages.engines.fleet import FleetEngine
+    from tests.resources.vllm import VLLM_POLICY
+
+    a, b = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    engine = FleetEngine(VLLM_POLICY.build(seed=0), [a, b])
+
+    def place(*groups: tuple[str, int]) -> dict[str, set[str]]:
+        names = [g for g, n in groups for _ in range(n)]  # distinct prompts, by group
+        requests = [GenRequest(key=k, prompt_ids=[k + 1], group=g) for k, g in enumerate(names)]
+        owner = engine._assign([new_seq(r, SamplingParams()) for r in requests], None)
+        out: dict[str, set[str]] = {}
+        for r in requests:
+            out.setdefault(str(r.group), set()).add(owner[r.key].url)
+        return out
+
+    assert place(("g1", 4), ("g2", 4)) == {"g1": {a}, "g2": {b}}  # whole groups, split
+    assert place(("g2", 3), ("g1", 3)) == {"g1": {a}, "g2": {b}}  # back to their servers
+    engine.down[b] = "test: out of the fleet"
+    assert place(("g1", 2), ("g2", 2)) == {"g1": {a}, "g2": {a}}
+    engine.down.clear()  # back: the fair share moves one group to it again
+    assert place(("g1", 2), ("g2", 2)) == {"g1": {a}, "g2": {b}}
+    engine.close()

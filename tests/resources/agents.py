@@ -67,6 +67,20 @@ def three_turns(client: Any, task: dict) -> float:
     return 0.25 if task["meta"]["source"] == task["prompt"] else -1.0
 
 
+def follow_up(client: Any, task: dict) -> float:
+    """Two calls of one conversation (the question, then a follow-up); its reward is a
+    function of the task alone, so a test can check the stored one."""
+    messages: list[Any] = [{"role": "user", "content": task["question"]}]
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    messages += [reply.choices[0].message, {"role": "user", "content": "Sure?"}]
+    client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    return follow_up_reward(task["question"])
+
+
+def follow_up_reward(question: str) -> float:
+    return len(question) / 100
+
+
 def tool_user(client: Any, task: dict) -> float:
     """Asks with the calculator declared, runs the call the policy makes, asks again."""
     messages: list[Any] = [{"role": "user", "content": task["question"]}]

@@ -1,6 +1,11 @@
 """Real vLLM CPU servers for the fleet tests, each started with ``gfcr engine serve`` as
 a subprocess of its own session (so a test can kill -9 a server's whole process group:
-API server, engine core and worker, as a machine that dies would)."""
+API server, engine core and worker, as a machine that dies would).
+
+The suite starts two once (:func:`pool`, the session fixture ``fleet_servers`` of
+tests/conftest.py) and every fleet test module shares them (:func:`revive` restarts one
+a test left dead); a run loads its own weights onto them first, so what a test before
+left loaded does not matter."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -28,6 +34,7 @@ class Started:
     port: int
     proc: subprocess.Popen
     log: Path
+    model: Path
 
     def kill(self) -> None:
         """kill -9 the server's process group (it was started in a session of its own)."""
@@ -54,7 +61,7 @@ def start(model: Path, log: Path, port: int | None = None) -> Started:
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return Started(f"http://127.0.0.1:{port}", port, proc, log)
+    return Started(f"http://127.0.0.1:{port}", port, proc, log, model)
 
 
 def wait_healthy(servers: list[Started], timeout_s: float = 600.0) -> None:
@@ -76,3 +83,29 @@ def wait_healthy(servers: list[Started], timeout_s: float = 600.0) -> None:
             raise TimeoutError(f"vLLM servers {[s.url for s in waiting]} not healthy after "
                                f"{timeout_s:.0f} s")
         time.sleep(1.0)
+
+
+def pool(where: Path) -> Iterator[list[Started]]:
+    """Two servers of the tiny vLLM policy, healthy; killed when the generator closes."""
+    from stages.engines._vllm_run import save_policy
+    from tests.resources.vllm import VLLM_POLICY
+
+    save_policy(VLLM_POLICY.build(seed=0), where / "model")
+    started = [start(where / "model", where / f"server-{i}.log") for i in range(2)]
+    try:
+        wait_healthy(started)
+        yield started
+    finally:
+        for server in started:
+            server.kill()
+
+
+def revive(started: list[Started]) -> list[Started]:
+    """``started`` (the same list), with any server that exited started again on its
+    port and model, and every server healthy."""
+    for i, server in enumerate(started):
+        if server.proc.poll() is not None:
+            started[i] = start(server.model, server.log.with_suffix(".revived.log"),
+                               port=server.port)
+    wait_healthy(started)
+    return started
