@@ -63,7 +63,7 @@ def test_three_steps_split_across_both_servers_at_the_versions_that_sampled_them
     urls = tuple(s.url for s in fleet)
     p = _pipeline(3, TokenBudget(budget=60, split="off", abort="stop"))
     summary = execute(p, root=tmp_path, executor="local", run_id="fleet3",
-                      generate_pool=Fleet(urls=urls, keep=5))
+                      fleet=Fleet(urls=urls, keep=5))
     assert summary.steps == 3
     rows = _rows(tmp_path).to_pylist()
     updates = [0]  # the learner's version at each step: the updates before it
@@ -117,7 +117,7 @@ def test_a_server_killed_mid_step_loses_no_rollout_and_the_run_ends_on_the_other
     warnings = Warnings()
     p = _pipeline(3, _KillServer(pgid=victim.proc.pid, step=1))
     summary = execute(p, root=tmp_path, executor="local", hooks=[warnings],
-                      generate_pool=Fleet(urls=(survivor.url, victim.url), timeout_s=60))
+                      fleet=Fleet(urls=(survivor.url, victim.url), timeout_s=60))
     victim.proc.wait()
     assert summary.steps == 3
     rows = _rows(tmp_path)

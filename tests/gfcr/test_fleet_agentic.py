@@ -67,7 +67,7 @@ def test_agentic_episodes_run_two_steps_on_the_fleet_token_exact(
     data["policy"] = VLLM_POLICY.model_dump()
     data["engine"] = vllm_engine_spec().model_dump()
     summary = execute(Pipeline(**data), root=tmp_path, executor="local", run_id="ep-fleet",
-                      generate_pool=Fleet(urls=tuple(sorted(urls)), keep=5))
+                      fleet=Fleet(urls=tuple(sorted(urls)), keep=5))
     assert summary.steps == 2
     _check_store(tmp_path, "ep-fleet")  # 2 x 2 tasks x 8 episodes, with their turns
     rows = _rows(tmp_path, "ep-fleet")
@@ -97,7 +97,7 @@ def test_agent_env_serves_an_openai_client_agent_from_the_fleet(
                 GRPO(lr=1e-2)]
     ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-fleet",
-                      generate_pool=Fleet(urls=tuple(sorted(urls))))
+                      fleet=Fleet(urls=tuple(sorted(urls))))
     assert summary.steps == 1
     rows = _rows(tmp_path, "agent-fleet")
     assert len(rows) == 4 and len({r["rollout_id"] for r in rows}) == 4
@@ -125,4 +125,4 @@ def test_a_turn_the_servers_refuse_fails_the_run_naming_the_stage_and_the_fleet(
     with pytest.raises(ValueError, match="the fleet refused request .* of stage 'episodes' "
                                          "at step 0: vLLM server http://.*HTTP 400"):
         execute(p, root=tmp_path, executor="local",
-                generate_pool=Fleet(urls=tuple(s.url for s in fleet)))
+                fleet=Fleet(urls=tuple(s.url for s in fleet)))
