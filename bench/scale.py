@@ -187,6 +187,9 @@ def main() -> None:
                         help="a previous --json output: model its measurements again "
                              "(e.g. with --nccl-json) instead of measuring")
     args = parser.parse_args()
+    if args.steps < 2 and not args.measured:
+        parser.error(f"--steps {args.steps}: give at least 2 (rollouts per second are "
+                     f"measured over steps 1..; step 0 warms up)")
     measured = (json.loads(Path(args.measured).read_text().splitlines()[-1])["measured"]
                 if args.measured else measure(args.steps))
     gb_s, source = _broadcast_gb_s(args.nccl_json)
