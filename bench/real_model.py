@@ -71,7 +71,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=None, help="default: the smol pipeline's")
     ap.add_argument("--eval-size", type=int, default=48)
     ap.add_argument("--engines", default="hf,vllm")
-    ap.add_argument("--trl-steps", type=int, default=None, help="default: --steps")
+    ap.add_argument("--trl-steps", type=int, default=None,
+                    help="default: --steps; 0: no TRL runs (and no generate comparison)")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
                     help="run root whose cache holds the converted model")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
@@ -256,7 +257,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, int]]:
     for seed in range(args.seeds):
         for engine in (e for e in args.engines.split(",") if e):
             plan.append((engine, seed))
-            if engine == "hf":
+            if engine == "hf" and args.trl_steps != 0:
                 plan.append(("trl", seed))
                 if seed == 0:
                     plan.append(("gen", 0))
