@@ -64,15 +64,16 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", type=Path, help="also write the JSON object here (after each run)")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=30, help="GRPO steps (the smol pipeline's)")
     ap.add_argument("--batch", type=int, default=8, help="prompts per step")
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (group size)")
     ap.add_argument("--max-tokens", type=int, default=6)
     ap.add_argument("--lr", type=float, default=None, help="default: the smol pipeline's")
     ap.add_argument("--eval-size", type=int, default=48)
     ap.add_argument("--engines", default="hf,vllm")
-    ap.add_argument("--trl-steps", type=int, default=None,
-                    help="default: --steps; 0: no TRL runs (and no generate comparison)")
+    ap.add_argument("--trl-steps", type=int, default=5,
+                    help="TRL steps (its step time and memory only); 0: no TRL runs (and "
+                         "no generate comparison)")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
                     help="run root whose cache holds the converted model")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
