@@ -37,11 +37,11 @@ from gfcr.core.chat import Trajectory, Turn, chat_format
 from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
-                               PLAN_N, ROLLOUT_SCHEMA, SERVER, TURN_COUNT, col, stable_id)
+                               PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
 from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate._policy import chat_tokenizer
-from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row
+from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row, to_table
 
 EPISODES_SCHEMA = pa.schema(list(GENERATED_SCHEMA) + [pa.field(EPISODE_END, pa.string()),
                                                       pa.field(TURN_COUNT, pa.int32())])
@@ -134,11 +134,7 @@ class Episodes(StageSpec):
                 break
             self._policy_turn(live, engine, seed + turn)
             self._env_turn(live, engine)
-        rows = [self._row(ctx, e, engine) for e in episodes]
-        if any(SERVER in r for r in rows):  # generated on a fleet (gfcr.transport.fleet)
-            return pa.Table.from_pylist(rows, schema=EPISODES_SCHEMA.append(
-                pa.field(SERVER, pa.string())))
-        return pa.Table.from_pylist(rows, schema=EPISODES_SCHEMA)
+        return to_table([self._row(ctx, e, engine) for e in episodes], EPISODES_SCHEMA)
 
     def _start(self, ctx: StepContext, prompts: list[dict[str, Any]], engine: Engine
                ) -> list[Episode]:

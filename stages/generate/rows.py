@@ -59,13 +59,13 @@ def rollout_row(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample_
     }
 
 
-def to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows of :func:`rollout_row` as a table in :data:`GENERATED_SCHEMA`, with the
-    ``server`` column when a fleet generated any of them (gfcr.core.rollout.SERVER)."""
+def to_table(rows: list[dict[str, Any]], schema: pa.Schema = GENERATED_SCHEMA) -> pa.Table:
+    """Rows of :func:`rollout_row` as a table in ``schema`` (a generate stage's: by default
+    :data:`GENERATED_SCHEMA`), with the ``server`` column when a fleet generated any of
+    them (gfcr.core.rollout.SERVER)."""
     if any(SERVER in r for r in rows):
-        return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA.append(
-            pa.field(SERVER, pa.string())))
-    return pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA)
+        schema = schema.append(pa.field(SERVER, pa.string()))
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def plan_samples(prompt: dict[str, Any], default_n: int) -> list[dict[str, Any]]:

@@ -175,7 +175,8 @@ def _score(name: str, call: dict[str, Any], mac: str = "") -> dict[str, Any]:
     return report
 
 
-_TASKS: dict[tuple[str, str], Any] = {}
+_TASKS: dict[str, Any] = {}
+"""Pool name -> its score task (built once per process)."""
 
 
 def pool_tag(pool: str) -> str:
@@ -186,22 +187,18 @@ def pool_tag(pool: str) -> str:
 def score_task(pool: str) -> Any:
     """The Prefect task for ``pool``'s score calls (built once per process): the one the
     run submits with ``.delay()`` and the worker serves, under the key
-    ``gfcr_score__<pool>``."""
-    return _task(_score, "score", pool)
-
-
-def _task(body: Any, what: str, pool: str) -> Any:
+    ``gfcr_score__<pool>`` (:func:`_score` under a name of the pool's own)."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
     check_pool(pool)
-    if (what, pool) not in _TASKS:
-        fn = types.FunctionType(body.__code__, body.__globals__, f"gfcr_{what}__{pool}",
-                                body.__defaults__)
+    if pool not in _TASKS:
+        fn = types.FunctionType(_score.__code__, _score.__globals__, f"gfcr_score__{pool}",
+                                _score.__defaults__)
         fn.__qualname__ = fn.__name__
-        fn.__doc__ = body.__doc__
-        fn.__annotations__ = dict(body.__annotations__)
-        _TASKS[what, pool] = task(name=f"{what}@{pool}", task_run_name="{name}",
-                                  cache_policy=NO_CACHE, persist_result=True, retries=0,
-                                  tags={pool_tag(pool)})(fn)
-    return _TASKS[what, pool]
+        fn.__doc__ = _score.__doc__
+        fn.__annotations__ = dict(_score.__annotations__)
+        _TASKS[pool] = task(name=f"score@{pool}", task_run_name="{name}",
+                            cache_policy=NO_CACHE, persist_result=True, retries=0,
+                            tags={pool_tag(pool)})(fn)
+    return _TASKS[pool]
