@@ -234,7 +234,9 @@ def test_a_withdrawn_call_runs_nothing_and_a_finished_calls_files_go(
     from gfcr.transport.remote.worker import score_task
     from tests.resources.rollouts import rollouts
 
-    calls = PoolCalls(WorkerPool(pool=POOL, timeout_s=240), score_task, print)
+    # warn_s past any pickup: a call a worker is slow to receive is not re-sent, since a
+    # re-sent attempt has an output of its own that the withdrawal marker does not name
+    calls = PoolCalls(WorkerPool(pool=POOL, timeout_s=240, warn_s=200), score_task, print)
     dropped = _score_call(tmp_path, "drop", Verify(scorer="exact"), rollouts(["g"]))
     mark_withdrawn(dropped)
     report = calls.wait(calls.send(dropped, rollouts(["g"]), 0.0))
