@@ -10,13 +10,14 @@ to call it: the server has no ``/collective_rpc`` route, so no other worker meth
 folder is a published version under the server's weights root with a manifest naming
 plain files of its own folder whose SHA-256 match (gfcr.runner.published); every file
 parses as safetensors; the tensors' names and shapes are exactly those of the checkpoint
-the server started from and their dtypes floating point. Only then are the tensors, held
+the server started from (the embedding and output head: either, a tied model's file holds
+one) and their dtypes floating point. Only then are the tensors, held
 in memory, handed to vLLM's own ``reload_weights``, so a bad request leaves the previous
 weights serving and the server alive (vLLM's reload empties the layers first: a file that
 failed halfway left a half-loaded model that died at its next generate). It returns the
-manifest's ``version`` and ``id``; the gate labels the weights with them. The iterator
-adds the tied output head when the file left it out (safetensors' ``save_model`` drops a
-shared tensor; vLLM's reload keeps a stale head without it, see
+manifest's ``version`` and ``id``; the gate labels the weights with them. The embedding
+or head the file left out is added from the other (safetensors' ``save_model`` drops a
+shared tensor; vLLM's reload keeps a stale one without it, see
 ``stages.engines._vllm_run._save_tied``).
 """
 
@@ -50,7 +51,7 @@ class WeightsByVersion:
         checked = check(folder, root)
         # getattr: vLLM's worker, which this class extends
         runner = getattr(self, "model_runner")
-        tensors = _tensors(checked, self._gfcr_expected(runner), _tied(runner))
+        tensors = _tensors(checked, self._gfcr_expected(runner))
         getattr(self, "reload_weights")(weights_iterator=iter(tensors))
         loaded = {"version": checked.version, "id": checked.ident}
         self._gfcr_loaded = loaded
@@ -84,15 +85,10 @@ def _shapes(model: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _tied(runner: Any) -> bool:
-    config = runner.model_config.hf_config
-    return bool(getattr(config, "tie_word_embeddings", False))  # getattr: per architecture
-
-
-def _tensors(checked: Checked, expected: dict[str, tuple[int, ...]],
-             tied: bool) -> list[tuple[str, Any]]:
+def _tensors(checked: Checked, expected: dict[str, tuple[int, ...]]) -> list[tuple[str, Any]]:
     """Every tensor of ``checked``'s files, parsed and compared with ``expected``; the
-    tied head added when left out. BadVersion naming the file and tensor otherwise."""
+    input embedding and output head both given when the file holds one of them.
+    BadVersion naming the file and tensor otherwise."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -110,8 +106,8 @@ def _tensors(checked: Checked, expected: dict[str, tuple[int, ...]],
                 raise BadVersion(f"{where}: tensor {key!r} is {tensor.dtype}, not one of "
                                  f"{FLOATS}")
             out[key] = tensor
-    pair = _tied_pair(expected) if tied else set()
-    if pair and not pair & set(out):
+    pair = _tied_pair(expected)
+    if not pair & set(out):
         raise BadVersion(f"{checked.folder}: neither of the tied tensors {sorted(pair)}")
     missing = sorted(set(expected) - set(out) - pair)
     unknown = sorted(set(out) - set(expected) - pair)
@@ -130,7 +126,8 @@ def _tensors(checked: Checked, expected: dict[str, tuple[int, ...]],
 
 
 def _tied_pair(expected: dict[str, tuple[int, ...]]) -> set[str]:
-    """The input embedding and the output head a tied model shares (either may be left
-    out of a file)."""
+    """The input embedding and the output head, which a tied model shares: safetensors
+    writes one of a shared pair (either), so a file may hold one; both are handed to
+    vLLM (a model whose head is not tied gets both from gfcr's files)."""
     embed = next((k for k in expected if k.endswith("embed_tokens.weight")), None)
     return {embed, HEAD} if embed is not None else {HEAD}
