@@ -116,16 +116,30 @@ class Evil:
         return (os.system, (f"id > {self.mark}",))
 
 
+Sends = list[Callable[[], httpx.Response]]
+
+
 def drills(t: Target) -> list[dict[str, Any]]:
     """Every drill: name, what was sent, answers, got in, killed."""
     base = t.root / "drill-run"
     shutil.rmtree(base, ignore_errors=True)
-    outside = _publish(t.scratch / "poison", seed=7)
     mark = t.scratch / "PWNED"
+    out = [_drill(t, name, what, sends, mark) for name, what, sends in _cases(t, base, mark)]
+    control = _publish(base, seed=3, version=9)
+    out.append(_drill(t, "control", "the run's own published version, with the key",
+                      [lambda: t.post("/gfcr/load", {"folder": str(control)}, True)], mark,
+                      control=True))
+    shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def _cases(t: Target, base: Path, mark: Path) -> list[tuple[str, str, Sends]]:
+    """The drills' requests (each sent when its drill runs)."""
+    outside = _publish(t.scratch / "poison", seed=7)
     good = t.scratch / "good.safetensors"
     shutil.copyfile(outside / "model.safetensors", good)
     tensors = _shapes_off(good)
-    cases: list[tuple[str, str, list[Callable[[], httpx.Response]]]] = [
+    return [
         ("F1", "forged load from outside the root", [
             lambda: t.post("/gfcr/load", {"folder": str(outside)}, False),
             lambda: t.post("/collective_rpc", {"method": "gfcr_load",
@@ -169,18 +183,9 @@ def drills(t: Target) -> list[dict[str, Any]]:
             lambda: t.post("/inference/v1/generate", {"token_ids": PROMPT}, False),
             lambda: t.post("/reset_prefix_cache", {}, False)]),
     ]
-    out = []
-    for name, what, sends in cases:
-        out.append(_drill(t, name, what, sends, mark))
-    control = _publish(t.root / "drill-run", seed=3, version=9)
-    out.append(_drill(t, "control", "the run's own published version, with the key",
-                      [lambda: t.post("/gfcr/load", {"folder": str(control)}, True)], mark,
-                      control=True))
-    shutil.rmtree(base, ignore_errors=True)
-    return out
 
 
-def _drill(t: Target, name: str, what: str, sends: list[Callable[[], httpx.Response]],
+def _drill(t: Target, name: str, what: str, sends: Sends,
            mark: Path, control: bool = False) -> dict[str, Any]:
     before_label, before_tokens = t.label(), t.greedy()
     written = set(os.listdir(t.scratch))

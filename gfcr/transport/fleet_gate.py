@@ -41,7 +41,8 @@ ROOT_ENV = "GFCR_FLEET_WEIGHTS_ROOT"
 LOAD, WEIGHTS = "/gfcr/load", "/gfcr/weights"
 OPEN = {("GET", "/health"), ("HEAD", "/health")}
 ALLOWED = {("POST", "/inference/v1/generate"), ("POST", "/inference/v1/abort_requests"),
-           ("GET", "/version"), ("GET", "/v1/models"), ("GET", "/metrics")}
+           ("GET", "/version"), ("GET", "/v1/models"), ("GET", "/metrics"),
+           ("GET", "/metrics/")}
 MAX_BODY = 1 << 16
 
 
