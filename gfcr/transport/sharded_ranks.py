@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ADDRESS, KEY, STORE = "GFCR_LEARNER_ADDRESS", "GFCR_LEARNER_KEY", "GFCR_LEARNER_STORE"
 HELLO_S = 10.0
@@ -103,11 +102,11 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
     procs: list[subprocess.Popen] = []
     with open(log, "ab") as out:
         for rank in range(ranks):
-            group: dict[str, Any] = {"start_new_session": True} if rank == 0 else \
-                {"process_group": procs[0].pid}
+            group = 0 if rank == 0 else procs[0].pid  # rank 0's group (not the terminal's)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", RANK_MODULE], stdout=out, stderr=subprocess.STDOUT,
-                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, **group))
+                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                process_group=group))
     started = Ranks(procs, log, store)
     try:
         return started, accept(server, started, key, timeout_s)
