@@ -132,12 +132,15 @@ def serve_flow(model: str, port: int = 8000, host: str = "0.0.0.0", dtype: str =
 
 
 def deployment(name: str, *, pool: str, model: str, port: int = 8000, dtype: str = "float32",
-               job_variables: dict[str, Any] | None = None) -> Any:
+               job_variables: dict[str, Any] | None = None, key_file: str | None = None,
+               weights_root: str | None = None) -> Any:
     """A deployment of :func:`serve_flow` on work pool ``pool`` (``.apply()`` creates
-    it; each flow run of it is one server of a fleet)."""
+    it; each flow run of it is one server of a fleet). ``key_file`` and ``weights_root``
+    are paths on the workers' hosts (a server on 0.0.0.0 needs a key)."""
     from prefect.deployments.runner import EntrypointType
 
     return serve_flow.to_deployment(
         name=name, work_pool_name=pool, job_variables=job_variables or {},
-        parameters={"model": model, "port": port, "dtype": dtype},
+        parameters={"model": model, "port": port, "dtype": dtype, "key_file": key_file,
+                    "weights_root": weights_root},
         entrypoint_type=EntrypointType.MODULE_PATH, tags=["gfcr", "fleet"])
