@@ -5,8 +5,9 @@ Nothing of the group listens beyond this host (issue 30, drill T1): torchrun's
 rendezvous (its c10d ``TCPStore``) listened on every interface, whatever address it was
 given, and took anyone's reads and writes. Instead the ranks meet in a
 ``torch.distributed.FileStore`` in a folder only this user can read (``GFCR_LEARNER_STORE``),
-and gloo's pairs bind to the loopback interface (``GLOO_SOCKET_IFNAME=lo``); NCCL on GPUs
-needs only the store. Each rank connects back to this process on 127.0.0.1 and proves
+and gloo's pairs and NCCL's bootstrap bind to the loopback interface
+(``GLOO_SOCKET_IFNAME=lo``, ``NCCL_SOCKET_IFNAME=lo``: one host; NCCL over a file store is
+not yet run on GPUs here). Each rank connects back to this process on 127.0.0.1 and proves
 itself with the key in its environment; a peer that sends nothing cannot hold the accept
 loop (drill T3): every connection's hello is read as it arrives, with its own deadline.
 
@@ -94,7 +95,7 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
     store = Path(tempfile.mkdtemp(prefix="gfcr-learner-"))  # mode 0700
     root = str(Path(__file__).resolve().parent.parent.parent)  # gfcr and stages beside it
     env = {**os.environ, ADDRESS: f"127.0.0.1:{server.getsockname()[1]}", KEY: key.hex(),
-           STORE: str(store / "store"), "GLOO_SOCKET_IFNAME": "lo",
+           STORE: str(store / "store"), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
            "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
