@@ -23,10 +23,12 @@ Every call to a server carries the fleet's key (:attr:`Fleet.key_file`, or the f
 Weights by version (:class:`gfcr.runner.weights.FileSync`): each version the learner hands out
 is written once, in the engine's dtype, as a versioned folder (manifest last) under
 ``Fleet.weights`` (default: the run root's ``weights/RUN_ID``, which the servers must
-read under their ``--weights-root``; each file's SHA-256 in the manifest), then every server loads it and labels it ``"<version>:<publication id>"``; the
-labels vLLM puts on sampled tokens are checked against it, so every row's
+read under their ``--weights-root``; each file's SHA-256 in the manifest), then every
+server checks and loads it and labels it ``"<version>:<publication id>"`` from its
+manifest; the labels vLLM puts on sampled tokens are checked against it, so every row's
 ``policy_version_*`` is the version that sampled its tokens. On GPUs the same protocol
-fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here).
+fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here, and not
+through gfcr's gate yet: it calls vLLM's development routes).
 """
 
 from __future__ import annotations

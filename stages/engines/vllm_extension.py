@@ -29,7 +29,7 @@ from typing import Any
 
 from gfcr.runner.published import BadVersion, Checked, check
 
-ROOT_ENV = "GFCR_FLEET_WEIGHTS_ROOT"  # gfcr.transport.fleet_gate.ROOT_ENV (set by gfcr engine serve)
+ROOT_ENV = "GFCR_FLEET_WEIGHTS_ROOT"  # gfcr.transport.fleet_gate.ROOT_ENV (gfcr engine serve)
 HEAD = "lm_head.weight"
 FLOATS = ("float32", "float16", "bfloat16")
 
