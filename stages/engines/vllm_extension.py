@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.runner.published import BadVersion, Checked, check
-
-ROOT_ENV = "GFCR_FLEET_WEIGHTS_ROOT"  # gfcr.transport.fleet_gate.ROOT_ENV (gfcr engine serve)
+from gfcr.transport.fleet_gate import ROOT_ENV  # set by gfcr engine serve
 HEAD = "lm_head.weight"
 FLOATS = ("float32", "float16", "bfloat16")
 
