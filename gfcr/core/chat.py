@@ -50,7 +50,8 @@ class RendersChat(Protocol):
     (:mod:`gfcr.core.chattext`)."""
 
     chat: bool
-    specials: tuple[str, ...]
+    @property
+    def specials(self) -> tuple[str, ...]: ...
 
     def encode(self, text: str) -> list[int]: ...
 

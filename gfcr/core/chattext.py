@@ -32,8 +32,10 @@ JOINER = "\u2060"
 class TemplateCoder(Protocol):
     """What :func:`template_ids` needs of a tokenizer."""
 
-    specials: tuple[str, ...]
-    """The special-token strings the tokenizer reads as ids (``<|im_end|>``, ...)."""
+    @property
+    def specials(self) -> tuple[str, ...]:
+        """The special-token strings the tokenizer reads as ids (``<|im_end|>``, ...)."""
+        ...
 
     def encode(self, text: str) -> list[int]:
         """``text`` as text: special-token strings in it are never read as their ids."""
