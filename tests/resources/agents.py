@@ -236,3 +236,24 @@ class Poisoned(Recording):
             self.calls.append((requests, params, []))
             raise ValueError(f"request poisoned the call of {len(requests)}")
         return super().generate(requests, params, on_segment)
+
+
+_LONG_SENT = threading.Lock()
+_LONG = {"sent": False}
+
+
+def one_long(client: Any, task: dict) -> float:
+    """The first episode to call sends a message longer than the fleet servers' context
+    (400 characters: over their ``--max-model-len 256``, drill A9); every other one asks
+    its question. Reset :data:`_LONG` between runs (:func:`reset_one_long`)."""
+    with _LONG_SENT:
+        long, _LONG["sent"] = not _LONG["sent"], True
+    text = "1+" * 200 if long else task["question"]
+    client.chat.completions.create(model="m", max_tokens=2,
+                                   messages=[{"role": "user", "content": text}])
+    return 1.0
+
+
+def reset_one_long() -> None:
+    with _LONG_SENT:
+        _LONG["sent"] = False
