@@ -79,6 +79,11 @@ class BoundedServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection's error (a client gone mid-answer) is logged, not printed."""
+        _LOG.debug("gfcr agent endpoint: connection from %s failed", client_address,
+                   exc_info=True)
+
     def shutdown(self) -> None:
         self._closing.set()
         super().shutdown()
@@ -111,44 +116,49 @@ def _handler(route: Route, read_timeout: float, max_body: int
                 payload = ApiError(500, "internal error in gfcr's agent endpoint (logged "
                                         "by the run)", "server_error").payload()
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client left before its answer: nothing to tell it
+                self.close_connection = True
 
         def _body(self) -> Any:
-            if self.command != "POST":
-                return None
-            raw = self.headers.get("Content-Length") or "0"
-            if not raw.strip().isdigit():
-                self.close_connection = True  # where the body ends is unknown
-                raise ApiError(400, f"Content-Length {raw[:40]!r} is not a non-negative "
-                                    "integer")
-            size = int(raw)
-            if size > max_body:
-                self.close_connection = True  # its body stays unread
-                raise ApiError(413, f"request body of {size} bytes is over this endpoint's "
-                                    f"{max_body} (AgentEnv.max_context bounds it)",
-                               code="context_length_exceeded")
-            data = self.rfile.read(size)
-            if len(data) < size:
-                self.close_connection = True
-                raise ApiError(400, f"the request body ended after {len(data)} of its "
-                                    f"{size} bytes")
-            try:
-                body = json.loads(data or b"null")
-            except RecursionError:  # the parser's own limit (~1,000 levels)
-                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} "
-                                    "levels") from None
-            except ValueError as err:
-                raise ApiError(400, f"the request body is not JSON: {str(err)[:200]}") from None
-            if not depth(body, MAX_DEPTH):
-                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
-            return body
+            return None if self.command != "POST" else _read_body(self, max_body)
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: an agent's calls are recorded in the rollouts, not in the log."""
 
     return Handler
 
+
+def _read_body(handler: BaseHTTPRequestHandler, max_body: int) -> Any:
+    """A POST's JSON body, read only when its size is declared and within ``max_body``."""
+    raw = handler.headers.get("Content-Length") or "0"
+    if not (raw.strip().isascii() and raw.strip().isdigit()):
+        handler.close_connection = True  # where the body ends is unknown
+        raise ApiError(400, f"Content-Length {raw[:40]!r} is not a non-negative "
+                            "integer")
+    size = int(raw)
+    if size > max_body:
+        handler.close_connection = True  # its body stays unread
+        raise ApiError(413, f"request body of {size} bytes is over this endpoint's "
+                            f"{max_body} (AgentEnv.max_context bounds it)",
+                       code="context_length_exceeded")
+    data = handler.rfile.read(size)
+    if len(data) < size:
+        handler.close_connection = True
+        raise ApiError(400, f"the request body ended after {len(data)} of its "
+                            f"{size} bytes")
+    try:
+        body = json.loads(data or b"null")
+    except RecursionError:  # the parser's own limit (~1,000 levels)
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} "
+                            "levels") from None
+    except ValueError as err:
+        raise ApiError(400, f"the request body is not JSON: {str(err)[:200]}") from None
+    if not depth(body, MAX_DEPTH):
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
+    return body

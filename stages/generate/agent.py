@@ -101,7 +101,7 @@ class AgentEnv(StageSpec):
     (``max_position_embeddings``). A longer conversation is refused (HTTP 400
     ``context_length_exceeded``) before it is rendered, for that call alone; on a fleet,
     a server's shorter ``--max-model-len`` refuses it there, for that call alone too."""
-    max_connections: int = Field(256, ge=1)
+    max_connections: int = Field(128, ge=1)
     """Connections the endpoint serves at once (one thread each); more are refused (503)."""
     read_timeout: float = Field(60.0, gt=0.0)
     """Seconds a connection may send nothing (idle, or mid-request) before it is closed."""

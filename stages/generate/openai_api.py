@@ -52,7 +52,7 @@ class AgentServer:
     def __init__(self, waves: Waves, decode: Callable[[list[int]], str], *, model: str,
                  max_tokens: int, wait: float, max_calls: int = 2**31,
                  context: int | None = None, token_chars: int = 64,
-                 max_connections: int = 256, read_timeout: float = 60.0) -> None:
+                 max_connections: int = 128, read_timeout: float = 60.0) -> None:
         self.waves, self.decode, self.model = waves, decode, model
         self.max_tokens, self.wait, self.max_calls = max_tokens, wait, max_calls
         self.context = context
