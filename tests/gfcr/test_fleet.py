@@ -211,4 +211,3 @@ def test_resume_on_a_fleet_trains_on_the_stored_rows(
     want = sorted(({k: r[k] for k in ("rollout_id", "completion_ids", "logprobs")}
                    for r in step2), key=lambda r: r["rollout_id"])
     assert sorted(trained[2], key=lambda r: r["rollout_id"]) == want
-    print("resume/replay_mismatch at step 2:", summary.history[2]["resume/replay_mismatch"])

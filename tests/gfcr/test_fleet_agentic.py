@@ -85,17 +85,22 @@ def test_agentic_episodes_run_two_steps_on_the_fleet_token_exact(
     assert summary.history[-1]["fleet/servers_live"] == 2.0
 
 
+def _agent_pipeline(policy: Any, agent: str) -> Pipeline:
+    """One step of AgentEnv (two tasks, two episodes each) on the fleet's vLLM engine."""
+    return tiny_pipeline(
+        steps=1, policy=policy, engine=vllm_engine_spec(),
+        stages=[UniformSampler(batch=2),
+                AgentEnv(agent=f"tests.resources.agents:{agent}", n=2, max_tokens=4,
+                         window=5.0),
+                GRPO(lr=1e-2)]
+    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
+
+
 def test_agent_env_serves_an_openai_client_agent_from_the_fleet(
         tmp_path: Path, fleet: list[servers.Started]) -> None:
     needs_openai()
     urls = {s.url for s in fleet}
-    p = tiny_pipeline(
-        steps=1, policy=VLLM_POLICY, engine=vllm_engine_spec(),
-        stages=[UniformSampler(batch=2),
-                AgentEnv(agent="tests.resources.agents:follow_up", n=2, max_tokens=4,
-                         window=5.0),
-                GRPO(lr=1e-2)]
-    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
+    p = _agent_pipeline(VLLM_POLICY, "follow_up")
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-fleet",
                       fleet=Fleet(urls=tuple(sorted(urls))))
     assert summary.steps == 1
@@ -139,13 +144,7 @@ def test_an_overlong_conversation_on_a_fleet_fails_only_itself(
     agents.reset_one_long()
     policy = TinyLlama(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                        max_position=512)  # VLLM_POLICY's weights, a longer context
-    p = tiny_pipeline(
-        steps=1, policy=policy, engine=vllm_engine_spec(),
-        stages=[UniformSampler(batch=2),
-                AgentEnv(agent="tests.resources.agents:one_long", n=2, max_tokens=4,
-                         window=5.0),
-                GRPO(lr=1e-2)]
-    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
+    p = _agent_pipeline(policy, "one_long")
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-long",
                       fleet=Fleet(urls=tuple(s.url for s in fleet)))
     assert summary.steps == 1
