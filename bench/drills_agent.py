@@ -23,7 +23,8 @@ A5, A6, A9, P2, P3), rerun against the real endpoint, engine and tokenizers.
 Prints one line per drill and the totals (runs ended by one request, forged turns,
 neighbours failed, 500s); ``--json`` prints them as JSON.
 
-    python bench/drills_agent.py [--fleet URL URL] [--memory-gb 6] [--json]
+    python bench/drills_agent.py [--fleet URL URL | --start-fleet] [--only a1 a9 ...]
+                                 [--memory-gb 6] [--json]
 """
 
 from __future__ import annotations
@@ -263,14 +264,37 @@ def p2_p3() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", nargs=2, metavar="URL")
+    parser.add_argument("--start-fleet", action="store_true",
+                        help="start two servers as the tests do (tests/resources/fleet.py)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="drills to run (a1 a2 a5 a6 a9 p2_p3); default: all")
     parser.add_argument("--memory-gb", type=float, default=6.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    only = set(args.only or ["a1", "a2", "a5", "a6", "a9", "p2_p3"])
+    urls: list[str] | None = args.fleet
+    servers: Any = None
+    where: Any = None
+    if "a9" in only and args.start_fleet:  # before the memory cap, which children inherit
+        import tempfile
+
+        from tests.resources import fleet
+
+        where = tempfile.TemporaryDirectory()
+        servers = fleet.pool(Path(where.name))  # a generator: close() kills them
+        urls = [s.url for s in next(servers)]
     _cap_memory(args.memory_gb)
-    results = [a1(), a2(), a5(), a6()]
-    if args.fleet:
-        results.append(a9(args.fleet))
-    results.append(p2_p3())
+    try:
+        results = [fn() for name, fn in (("a1", a1), ("a2", a2), ("a5", a5), ("a6", a6))
+                   if name in only]
+        if "a9" in only and urls:
+            results.append(a9(urls))
+    finally:
+        if servers is not None:
+            servers.close()
+            where.cleanup()
+    if "p2_p3" in only:
+        results.append(p2_p3())
     totals = {"runs_ended_by_one_request": sum(bool(r.get("ended_run")) for r in results),
               "neighbours_failed": sum(r.get("neighbours_failed", 0) for r in results),
               "http_500": sum(r.get("http_500", 0) for r in results),
