@@ -10,8 +10,9 @@ array answered 500 with Python's exception text (A5). Here:
 - a connection that sends nothing for ``read_timeout`` seconds (between requests, or in
   the middle of a body) is closed: its thread ends;
 - a body is read only when its ``Content-Length`` is a non-negative integer no larger
-  than ``max_body`` (else 400 or 413), and parsed only when it nests at most
-  :data:`MAX_DEPTH` deep (else 400): memory per request is bounded by ``max_body``;
+  than ``max_body`` (else 400, or 413 past :data:`MAX_BODY`), and kept only when it
+  nests at most :data:`MAX_DEPTH` deep (else 400): memory per request is bounded by
+  ``max_body``;
 - every answer is a JSON API error object (OpenAI's shape) or the route's JSON; an
   unexpected error is a 500 whose message names no exception (it is logged).
 """
@@ -28,6 +29,8 @@ from stages.generate._limits import depth
 
 MAX_DEPTH = 64
 """Deepest nesting of lists and objects a request body may have."""
+MAX_BODY = 16 * 1024 * 1024
+"""The most bytes any request body may hold (a context's bound is usually lower)."""
 _LOG = logging.getLogger(__name__)
 
 
@@ -142,10 +145,11 @@ def _read_body(handler: BaseHTTPRequestHandler, max_body: int) -> Any:
         raise ApiError(400, f"Content-Length {raw[:40]!r} is not a non-negative "
                             "integer")
     size = int(raw)
-    if size > max_body:
+    if size > max_body:  # past the context's bound (a 400, as OpenAI's), or 16 MiB (413)
         handler.close_connection = True  # its body stays unread
-        raise ApiError(413, f"request body of {size} bytes is over this endpoint's "
-                            f"{max_body} (AgentEnv.max_context bounds it)",
+        raise ApiError(413 if size > MAX_BODY else 400,
+                       f"request body of {size} bytes is over this endpoint's {max_body}: "
+                       "longer than the policy's context can hold (AgentEnv.max_context)",
                        code="context_length_exceeded")
     data = handler.rfile.read(size)
     if len(data) < size:

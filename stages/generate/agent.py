@@ -314,7 +314,8 @@ class _Driver:
 
 def _code(message: str) -> str | None:
     """The API error code of an engine's refusal: a prompt longer than the context."""
-    return TOO_LONG if "longer than the maximum" in message or "context" in message else None
+    long = ("longer than the maximum", "maximum context length", "max_model_len")
+    return TOO_LONG if any(phrase in message for phrase in long) else None
 
 
 def _agent(ref: str, what: str) -> Callable[..., Any]:

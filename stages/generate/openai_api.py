@@ -34,14 +34,12 @@ from typing import Any, Callable
 
 from gfcr.core.engine import GenOutput
 from stages.generate._episodes import Episode
-from stages.generate._http import ApiError, BoundedServer
+from stages.generate._http import MAX_BODY, ApiError, BoundedServer
 from stages.generate._limits import text_chars
 from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
-MAX_BODY = 16 * 1024 * 1024
-"""The most bytes a request body may hold (less when the context bounds it)."""
 TOO_LONG = "context_length_exceeded"
 """The error code of a conversation longer than the context (OpenAI's)."""
 

@@ -110,7 +110,9 @@ def test_a_bad_content_length_is_a_json_400(server: Any) -> None:
         status, payload = _post(server, length)
         assert status == 400 and "Content-Length" in payload["error"]["message"]
         assert payload["error"]["type"] == "invalid_request_error"
-    status, payload = _post(server, str(15 * 2**20))  # over the bound: refused unread
+    status, payload = _post(server, str(15 * 2**20))  # over the context: refused unread
+    assert status == 400 and payload["error"]["code"] == "context_length_exceeded"
+    status, payload = _post(server, str(17 * 2**20))  # over any body's bound
     assert status == 413 and payload["error"]["code"] == "context_length_exceeded"
     status, payload = _post(server, "100", b"{}")  # a body never finished: closed at
     assert (status, payload) == (0, {})  # the read timeout, its thread freed
