@@ -37,8 +37,17 @@ def _run(*prompts: str, engine: Recording | None = None, **fields: Any
     return {r["prompt"]: r for r in rows}, engine
 
 
-def test_an_overlong_message_is_a_400_for_that_request_alone() -> None:
+def test_an_overlong_message_is_a_400_for_that_request_alone(monkeypatch) -> None:
+    rendered: list[int] = []
+    render = OpenAIChat.render
+
+    def spy(self: OpenAIChat, messages: Any, tools: Any) -> list[int]:
+        rendered.append(sum(len(str(m.get("content"))) for m in messages))
+        return render(self, messages, tools)
+
+    monkeypatch.setattr(OpenAIChat, "render", spy)
     by, engine = _run("huge", "long", "a", "b", max_context=300)
+    assert rendered and max(rendered) < 300  # refused before rendering
     for bad in ("huge", "long"):
         assert by[bad]["score_error"].startswith("BadRequestError: Error code: 400")
         assert "longer than the policy's context of 300 tokens" in by[bad]["score_error"]
