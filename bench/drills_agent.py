@@ -41,6 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this folder comes first on sys.path and bench/store.py would shadow
+# the ``store`` package: the repository comes first instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 HUGE = "1+" * 7 * 2**20
@@ -191,124 +194,6 @@ def a6() -> dict[str, Any]:
             "call_served": served, "call_waited_s": round(waited, 2)}
 
 
-def a9(urls: list[str]) -> dict[str, Any]:
-    from stages import GRPO, AgentEnv, TinyLlama, UniformSampler
-    from gfcr.launch.run import execute
-    from gfcr.transport.fleet import Fleet
-    from tests.conftest import tiny_pipeline
-    from tests.resources import agents
-    from tests.resources.vllm import vllm_engine_spec
-    import tempfile
-
-    agents.reset_one_long()
-    policy = TinyLlama(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
-                       max_position=512)
-    p = tiny_pipeline(steps=1, policy=policy, engine=vllm_engine_spec(), stages=[
-        UniformSampler(batch=2), AgentEnv(agent="tests.resources.agents:one_long", n=4,
-                                          max_tokens=4, window=5.0), GRPO(lr=1e-2)]
-    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
-    with tempfile.TemporaryDirectory() as root:
-        try:
-            execute(p, root=Path(root), executor="local", run_id="a9", fleet=Fleet(urls=tuple(urls)))
-        except BaseException as err:  # noqa: BLE001 - what the drill measures
-            return {"drill": "A9 over-long conversation on a fleet", "ended_run": True,
-                    "error": f"{type(err).__name__}: {str(err)[:200]}"}
-        from store import RolloutStore
-
-        with RolloutStore.open(Path(root) / "store", read_only=True) as s:
-            rows = s.sql("SELECT score_error FROM rollouts").to_pylist()
-    failed = [r["score_error"] for r in rows if r["score_error"] is not None]
-    return {"drill": "A9 over-long conversation on a fleet", "ended_run": False,
-            "rows": len(rows), "neighbours_failed": len(failed) - 1,
-            "bad_request": (failed[0] if failed else "")[:160]}
-
-
-def _fleet_pipeline(steps: int) -> Any:
-    from stages import GRPO, GroupSample, UniformSampler, Verify
-    from tests.conftest import tiny_pipeline
-    from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
-
-    return tiny_pipeline(
-        steps=steps, policy=VLLM_POLICY, engine=vllm_engine_spec(),
-        stages=[UniformSampler(batch=4), GroupSample(n=4, max_tokens=8), Verify(),
-                GRPO(lr=1e-2)]
-    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4", "checkpoint.every=3"])
-
-
-def d6b(urls: list[str]) -> dict[str, Any]:
-    """kill -9 of a fleet run after it committed steps past its last checkpoint, then a
-    resume: the rows each replayed step trained on against the rows the store holds."""
-    import os
-    import signal
-    import subprocess
-    import tempfile
-
-    from gfcr.launch.run import execute
-    from gfcr.runner import checkpoint
-    from gfcr.runner.inprocess import LocalLearner
-    from gfcr.transport.fleet import Fleet
-    from store import RolloutStore
-
-    root = Path(tempfile.mkdtemp(prefix="gfcr-d6b-"))
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "from bench.drills_agent import _fleet_pipeline; from gfcr.launch.run import "
-            "execute; from gfcr.transport.fleet import Fleet; execute(_fleet_pipeline(8), "
-            "root=Path(sys.argv[2]), executor='local', run_id='d6b', "
-            "fleet=Fleet(urls=tuple(sys.argv[3:])))")
-    repo = str(Path(__file__).resolve().parent.parent)
-    child = subprocess.Popen([sys.executable, "-c", code, repo, str(root), *urls],
-                             start_new_session=True, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": repo})
-    where, last = checkpoint.directory(root, "d6b"), -1
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and child.poll() is None:
-        newest = checkpoint.latest(where) if where.exists() else None
-        if newest is not None:
-            try:
-                with RolloutStore.open(root / "store", read_only=True) as s:
-                    got = s.last_step("d6b")
-                last = -1 if got is None else got
-            except Exception:  # noqa: BLE001 - the store is being written: look again
-                pass
-            if last >= newest.step + 2 or (newest.step > 2 and last > newest.step):
-                break  # committed steps past the checkpoint: the resume replays them
-        time.sleep(0.2)
-    os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
-    trained: dict[int, list[Any]] = {}
-    update = LocalLearner.update
-
-    def recording(self: Any, ctx: Any, batch: Any) -> Any:
-        trained[ctx.step] = sorted(batch.select(["rollout_id", "completion_ids"]).to_pylist(),
-                                   key=lambda r: r["rollout_id"])
-        return update(self, ctx, batch)
-
-    LocalLearner.update = recording  # type: ignore[method-assign]
-    try:
-        summary = execute(_fleet_pipeline(8), root=root, executor="local", run_id="d6b",
-                          fleet=Fleet(urls=tuple(urls)))
-    finally:
-        LocalLearner.update = update  # type: ignore[method-assign]
-    with RolloutStore.open(root / "store", read_only=True) as s:
-        rows = s.sql("SELECT step, rollout_id, completion_ids, kept FROM rollouts "
-                     "WHERE run_id = 'd6b'").to_pylist()
-    first = -1 if summary.resumed_from is None else summary.resumed_from
-    replayed = list(range(first + 1, last + 1))
-    differ = 0
-    for st in replayed:
-        stored = sorted(({"rollout_id": r["rollout_id"], "completion_ids": r["completion_ids"]}
-                         for r in rows if r["step"] == st and r["kept"]),
-                        key=lambda r: r["rollout_id"])
-        differ += stored != trained.get(st)
-    ids = [r["rollout_id"] for r in rows]
-    return {"drill": "D6b kill -9 and resume on a two-server fleet",
-            "killed_after_step": last, "resumed_from": summary.resumed_from,
-            "replayed_steps": replayed, "regenerated_differently": sum(
-                summary.history[st].get("resume/replay_mismatch", 0) > 0 for st in replayed),
-            "steps_trained_on_other_rows_than_stored": differ, "rows": len(rows),
-            "duplicates": len(ids) - len(set(ids))}
-
-
 def p2_p3() -> dict[str, Any]:
     from gfcr.core.chat import PlainFormat, TemplateFormat
     from gfcr.core.environment import Message
@@ -349,6 +234,18 @@ def p2_p3() -> dict[str, Any]:
             "checks": checks, "forged_turns": forged}
 
 
+def _fleet() -> Any:
+    """bench/_drills_fleet.py, loaded by path (see the sys.path note above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_drills_fleet", Path(__file__).with_name("_drills_fleet.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", nargs=2, metavar="URL")
@@ -376,9 +273,9 @@ def main() -> None:
         results = [fn() for name, fn in (("a1", a1), ("a2", a2), ("a5", a5), ("a6", a6))
                    if name in only]
         if "a9" in only and urls:
-            results.append(a9(urls))
+            results.append(_fleet().a9(urls))
         if "d6b" in only and urls:
-            results.append(d6b(urls))
+            results.append(_fleet().d6b(urls))
     finally:
         if servers is not None:
             servers.close()

@@ -18,7 +18,14 @@ what the trainer computes; its ``max_tokens`` (or ``max_completion_tokens``) and
 apply, ``max_tokens`` capped by the stage's. ``n`` must be 1 and ``stream`` false (the
 stage samples ``n`` episodes itself). Other fields (``tool_choice``, ``response_format``,
 ``logprobs``, ``seed``, ...) are ignored. Errors come back as the API's error objects
-(the client raises them).
+(the client raises them), never with an exception's text.
+
+One request fails only itself: a conversation longer than the context (``context``
+tokens) is refused with a 400 ``context_length_exceeded`` before it is rendered, by its
+characters (:mod:`stages.generate._limits`), then by its rendered ids; one whose content
+is not text, or that renders to nothing, is refused too; the stage's thread answers an
+engine's error to the request that caused it alone (:mod:`stages.generate.agent`).
+Connections are bounded, with read timeouts (:mod:`stages.generate._http`).
 
 The server binds 127.0.0.1 on a free port, lives for one generate call, and knows only
 the episodes the stage opened: each episode's URL holds a random token, and a request
