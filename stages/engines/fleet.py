@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                              encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, Policy, RequestRefused,
+                              SamplingParams, SegmentHook, encode_prompt, stop_token_ids)
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -251,8 +251,8 @@ class FleetEngine:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
                 if err.why.startswith("HTTP 4"):  # the request's fault: no retry helps
-                    raise ValueError(f"the fleet refused request {rid} of {self.caller}: "
-                                     f"{err}") from None
+                    raise RequestRefused(key, f"the fleet refused request {rid} of "
+                                              f"{self.caller}: {err}") from None
                 server.abort([name])  # superseded: its deadline passed or it broke
                 errors.append(str(err))
                 self._out(server, str(err))
