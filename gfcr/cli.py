@@ -66,6 +66,9 @@ def run(
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
     fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
+    ui: bool = typer.Option(False, "--ui", help="Serve `gfcr ui` on the run's store beside it "
+                            "(127.0.0.1, --ui-port) and print its URL."),
+    ui_port: int = typer.Option(8765, min=0, max=65535, help="Port of --ui (0: any free one)."),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
@@ -89,6 +92,7 @@ def run(
                          score_pool=score_pool, fleet=fleet)
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
+    viewer = _start_ui(store or root / "store", ui_port, request.run_id) if ui else None
     try:
         summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
     except RunCancelled as e:
@@ -103,11 +107,24 @@ def run(
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
+        if viewer is not None:
+            viewer.shutdown()
+            viewer.server_close()
     if as_json:
         data = {k: v for k, v in summary.as_dict().items() if k != "history"}
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
+
+
+def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
+    """``gfcr run --ui``: the UI server on the run's store, in a thread; its URL printed.
+    The store is created by the run, so the server opens it on its first page."""
+    from gfcr.commands.ui import start
+
+    server = start(where, "127.0.0.1", port, thread=True)
+    err.print(f"gfcr ui: {server.url}runs/{run_id}", markup=False, highlight=False, soft_wrap=True)
+    return server
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
@@ -268,6 +285,14 @@ def _print_summary(s: Any) -> None:
 from gfcr.commands import report as cli_report  # noqa: E402 (report, doctor; sql --duckdb)
 
 cli_report.register(app)
+
+
+def _register_ui() -> None:
+    from gfcr.commands.ui import ui
+    app.command("ui")(ui)
+
+
+_register_ui()
 
 
 def main() -> None:

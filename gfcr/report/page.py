@@ -18,6 +18,7 @@ import yaml
 
 from gfcr.report import chat, svg
 from gfcr.report.data import PASS_LABELS, RunData
+from gfcr.report.decode import run_decoder, safe
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
@@ -198,7 +199,8 @@ def _chats(runs: Sequence[RunData]) -> str:
         return ""
     out = ["<h2>Sample trajectories (one bubble per turn; struck through: out of the loss)</h2>"]
     for r in runs:
-        out.append(f"<h3>{escape(r.run_id)}</h3>{chat.render_chats(r.chats)}")
+        decode = safe(run_decoder(r.run.get("spec_yaml")))
+        out.append(f"<h3>{escape(r.run_id)}</h3>{chat.render_chats(r.chats, decode)}")
     return "".join(out)
 
 
