@@ -25,6 +25,7 @@ def ui(
 ) -> None:
     """Serve a live web view of the store's runs (read-only; Ctrl-C stops it)."""
     server = start(store or root / "store", host, port)
+    server.warm()
     err.print(f"gfcr ui on the store at {server.ctx.uri}: {server.url}  (Ctrl-C stops it)",
               markup=False, highlight=False, soft_wrap=True)
     try:

@@ -29,6 +29,9 @@ class Context:
         self.uri = os.fspath(uri)
         self._store: Any = None
         self._lock = threading.Lock()
+        self.serial = threading.Lock()
+        """Held by a page while it reads: pages take turns (each is short), so no two
+        threads interleave a page's statements or import what a page needs at once."""
 
     def store(self) -> Any:
         with self._lock:

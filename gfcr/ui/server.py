@@ -34,6 +34,9 @@ HEARTBEAT_S = 10.0
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
 
+_ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" '
+         'rx="3" fill="#1d2330"/><path d="M3 12 L7 7 L10 9 L13 4" stroke="#9cc3ff" fill="none"/></svg>')
+
 Handler = Callable[[Context, list[str], dict[str, str]], tuple[str, str]]
 
 
@@ -53,6 +56,7 @@ ROUTES: list[tuple[tuple[str, ...], Handler]] = [
     (("fragment", "runs", "*", "head"), _html(lambda ctx, run, p: pages_runs.run_head(ctx, run))),
     (("fragment", "runs", "*", "steps"), _html(lambda ctx, run, p: pages_runs.steps_table(ctx, run))),
     (("fragment", "runs", "*", "doctor"), _html(lambda ctx, run, p: pages_runs.doctor_fragment(ctx, run))),
+    (("favicon.ico",), lambda ctx, parts, params: ("image/svg+xml", _ICON)),
     (("api", "series"), lambda ctx, parts, params: ("application/json", json_text(pages_runs.series(ctx, params)))),
 ]
 
@@ -77,6 +81,8 @@ class UiServer(ThreadingHTTPServer):
         self.feed = Context(store)  # the live feed's own connection: pages never wait on it
         self.token = token if token is not None else (None if host in LOOPBACK else secrets.token_urlsafe(16))
         self.stopping = threading.Event()
+        self.failures: list[str] = []
+        """What each page that failed unexpectedly (status 500) said, oldest first."""
         super().__init__((host, port), _Request)
 
     @property
@@ -84,6 +90,19 @@ class UiServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closed its connection early (a page left, a feed dropped) is
+        normal here; nothing is printed."""
+
+    def warm(self) -> None:
+        """Open the store for the pages and the feed now, not on the first request (an
+        error is shown by the first page that needs the store)."""
+        for ctx in (self.ctx, self.feed):
+            try:
+                ctx.store()
+            except UiError:
+                return
 
     def server_close(self) -> None:
         self.stopping.set()
@@ -114,10 +133,12 @@ class _Request(BaseHTTPRequestHandler):
             return self._send(404, "text/html; charset=utf-8", error_page(404, f"no page at {url.path!r}"))
         handler, parts = found
         try:
-            kind, body = handler(self.server.ctx, parts, params)
+            with self.server.ctx.serial:
+                kind, body = handler(self.server.ctx, parts, params)
         except UiError as e:
             return self._fail(e.status, e.message, url.path)
         except Exception as e:  # noqa: BLE001 - a page says what failed, never a traceback
+            self.server.failures.append(f"{url.path}: {type(e).__name__}: {e}")
             return self._fail(500, f"{type(e).__name__}: {e}", url.path)
         self._send(200, kind, body, cookie=params.get("token"))
 
@@ -193,4 +214,5 @@ def serve(store: str, host: str = "127.0.0.1", port: int = 8765, token: str | No
     ``server.shutdown()`` then ``server.server_close()`` stop it)."""
     server = UiServer(store, host, port, token)
     threading.Thread(target=server.serve_forever, name="gfcr-ui", daemon=True).start()
+    threading.Thread(target=server.warm, name="gfcr-ui-warm", daemon=True).start()
     return server

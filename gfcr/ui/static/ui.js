@@ -86,12 +86,10 @@
     if (!window.EventSource) return;
     const badge = document.getElementById("live");
     const source = new EventSource(url);
-    let first = true;
     source.addEventListener("marker", (ev) => {
       const m = JSON.parse(ev.data);
       if (badge) badge.textContent = m && m.error ? "live feed: " + m.error : (m && m.status ? "live · " + m.status + (m.last_step !== null && m.last_step !== undefined ? " · step " + m.last_step : "") : "live");
-      if (!first) onChange(m);
-      first = false;
+      onChange(m);  // the first event too: the page may have been rendered before it
       if (m && m.status && m.status !== "running") { if (badge) badge.textContent = "run " + m.status; }
     });
     source.onerror = () => { if (badge) badge.textContent = "live feed lost; retrying"; };
