@@ -93,8 +93,11 @@ def run(
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     viewer = _start_ui(store or root / "store", ui_port, request.run_id) if ui else None
+    from gfcr.commands.warnings_log import warnings_to_log
+    logged = warnings_to_log(root.resolve() / "runs" / request.run_id / "warnings.log")
     try:
-        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        with logged as warned:
+            summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -115,6 +118,8 @@ def run(
         print(json.dumps(data, default=str))
     else:
         _print_summary(summary)
+        if warned.note():
+            err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
@@ -266,13 +271,22 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple[str, str]]:
+    """Held-out accuracy of a run's summary, each phase credited its own share: the warm
+    start's (before -> after it) and GRPO's (after the warm start -> the end)."""
+    def share(a: float, b: float) -> str:
+        return f"{a:.1%} -> {b:.1%} ({100 * (b - a):+.1f} points)"
+    if warm is None:
+        return [("held-out accuracy", share(before, after))]
+    return [("held-out accuracy", f"{before:.1%} -> {after:.1%}"),
+            ("  warm start's share", share(before, warm)),
+            ("  GRPO's share", share(warm, after))]
+
+
 def _print_summary(s: Any) -> None:
     view = Table(title=f"run {s.run_id}", show_header=False)
-    gain = 100 * (s.accuracy_after - s.accuracy_before)
-    stages = (f"{s.accuracy_before:.1%} -> {s.accuracy_warmstart:.1%} (warm start) -> "
-              if s.accuracy_warmstart is not None else f"{s.accuracy_before:.1%} -> ")
     for key, value in [
-        ("held-out accuracy", f"{stages}{s.accuracy_after:.1%} ({gain:+.1f} points)"),
+        *accuracy_rows(s.accuracy_before, s.accuracy_warmstart, s.accuracy_after),
         ("rollouts stored", str(s.rollouts)), ("steps", str(s.steps)),
         ("seconds", f"{s.seconds:.0f}"), ("store", s.store), ("mlflow", str(s.mlflow)),
     ]:

@@ -124,7 +124,7 @@ class HeldLease(Protocol):
 
 
 RunView = Literal["report_steps", "drops", "pass_bins", "group_facts", "partial_credit",
-                  "repeated_wrong", "score_errors", "prompt_coverage"]
+                  "repeated_wrong", "score_errors", "prompt_coverage", "turn_figures"]
 """The per-run views a store serves (``store.run_views`` defines them)."""
 
 

@@ -85,25 +85,40 @@ def prompts(f: Facts) -> list[Finding]:
 def policy_step(f: Facts) -> list[Finding]:
     """Per-step movement of the policy: the change of the sampled-token NLL between
     consecutive steps (nats/token) where it is at least Z_MIN standard errors (of the
-    steps' per-row NLL means), and the learner's approx KL where it logs one."""
+    steps' per-row NLL means), and the learner's approx KL where it logs one.
+
+    The NLL change is an indirect measure: consecutive steps sample different prompts,
+    so with few rows a step's mean NLL moves without the policy moving. Where the learner
+    logs approx KL (the direct measure of the update) and it stays below
+    :data:`KL_STILL`, an NLL jump alone is read as sampling noise and not reported; a
+    jump over fewer than :data:`MIN_ROWS` rows a step is at most a warning, and the
+    finding says how many standard errors and rows it rests on."""
     steps, nll, se = f.run.steps, f.run.get("store/sampled_nll"), f.run.get("store/sampled_nll_se")
-    jumps = [(abs(nll[i] - nll[i - 1]), steps[i - 1], steps[i]) for i in range(1, len(steps))
+    rows = f.run.get("store/rows")
+    jumps = [(abs(nll[i] - nll[i - 1]), steps[i - 1], steps[i], i) for i in range(1, len(steps))
              if math.isfinite(nll[i]) and math.isfinite(nll[i - 1])
              and abs(nll[i] - nll[i - 1]) >= Z_MIN * math.hypot(_finite(se[i]), _finite(se[i - 1]))]
     kl, span = _window(steps, f.run.get("train/approx_kl"), "all")
-    jump = max(jumps, default=(0.0, steps[0], steps[0]))
-    if jump[0] >= 0.5 or (math.isfinite(kl) and kl > 0.2):
+    kl_known = math.isfinite(kl)
+    if kl_known and kl < KL_STILL:
+        jumps = []  # the update barely moved the policy: an NLL jump is the batch, not it
+    jump = max(jumps, default=(0.0, steps[0], steps[0], 0))
+    few = bool(jumps) and min(_finite(rows[jump[3]]), _finite(rows[jump[3] - 1])) < MIN_ROWS
+    if jump[0] >= 0.5 and not few or (kl_known and kl > 0.2):
         severity: Severity = "serious"
-    elif jump[0] >= 0.25 or (math.isfinite(kl) and kl > 0.05):
+    elif jump[0] >= 0.25 or (kl_known and kl > 0.05):
         severity = "warning"
     else:
         return []
-    kl_text = f"; learner approx KL mean {kl:.3f}" if math.isfinite(kl) else ""
+    evidence = (f"sampled-token NLL moved {jump[0]:.2f} nats/token between steps {jump[1]} and "
+                f"{jump[2]} ({_z(jump, se):.1f} standard errors, {_finite(rows[jump[3] - 1]):.0f} and "
+                f"{_finite(rows[jump[3]]):.0f} rows)" if jumps else "no NLL jump beyond noise")
+    kl_text = f"; learner approx KL mean {kl:.3g}" if kl_known else "; the learner logs no approx KL"
     return [Finding(
-        "policy_step", severity, "the policy moves too far per step",
-        f"sampled-token NLL moved {jump[0]:.2f} nats/token between steps {jump[1]} and {jump[2]}"
-        + kl_text, f"serious: a step-to-step NLL change >= 0.5 nats/token (and >= {Z_MIN:g} "
-        "standard errors) or approx KL > 0.2; warning: >= 0.25 or > 0.05",
+        "policy_step", severity, "the policy moves too far per step", evidence + kl_text,
+        f"serious: approx KL > 0.2, or a step-to-step NLL change >= 0.5 nats/token (and >= {Z_MIN:g} "
+        f"standard errors, over >= {MIN_ROWS} rows a step); warning: >= 0.25 or KL > 0.05; an NLL "
+        f"change is ignored where approx KL < {KL_STILL:g}",
         "the learning rate is too large for the trust region: lower lr, add warmup "
         "(warmup_steps), tighten max_grad_norm, or add a KL penalty (kl_coef)",
         (jump[1], jump[2]), {"nll_jump": jump[0], "approx_kl_mean": kl})]
@@ -111,6 +126,18 @@ def policy_step(f: Facts) -> list[Finding]:
 
 Z_MIN = 3.0
 """A step-to-step NLL change smaller than this many standard errors is sampling noise."""
+KL_STILL = 1e-3
+"""Approx KL (nats) below which a step did not move the policy measurably: a PPO-style
+trust region is of the order of 0.01-0.02 (Schulman et al. 2017, "Proximal Policy
+Optimization Algorithms", target KL 0.01)."""
+MIN_ROWS = 64
+"""Rows a step below which a step's mean NLL is too noisy to call a jump serious."""
+
+
+def _z(jump: tuple[float, int, int, int], se: list[float]) -> float:
+    i = jump[3]
+    spread = math.hypot(_finite(se[i]), _finite(se[i - 1]))
+    return jump[0] / spread if spread > 0 else math.inf
 
 
 def _finite(v: float) -> float:

@@ -55,6 +55,9 @@ class RunData:
     samples: list[dict[str, Any]] = field(default_factory=list)
     chats: list[dict[str, Any]] = field(default_factory=list)
     """Sample multi-turn rows with their turns (gfcr.report.chat; none for single-turn runs)."""
+    turn_figures: list[dict[str, Any]] = field(default_factory=list)
+    """Per number of policy turns: ``episodes``, ``success``, ``policy_tokens`` (the
+    ``turn_figures`` run view; one row of 1 turn for a single-turn run)."""
 
     def get(self, name: str) -> list[float]:
         return self.series.get(name, [math.nan] * len(self.steps))
@@ -97,6 +100,7 @@ def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     data.drops = _drops(store, data)
     data.pass_dist = _pass_distribution(store, data)
     data.accuracy = accuracies(store, run_id)
+    data.turn_figures = reads(store).view("turn_figures", run_id).to_pylist()
     if samples:
         data.samples = _samples(store, data)
         data.chats = reads(store).chat_samples(run_id, CHAT_SAMPLES).to_pylist()
