@@ -92,9 +92,10 @@ def run(
                          score_pool=score_pool, fleet=fleet)
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
-    viewer = _start_ui(store or root / "store", ui_port, request.run_id) if ui else None
+    run_id = str(request.run_id)
+    viewer = _start_ui(store or root / "store", ui_port, run_id) if ui else None
     from gfcr.commands.warnings_log import warnings_to_log
-    logged = warnings_to_log(root.resolve() / "runs" / request.run_id / "warnings.log")
+    logged = warnings_to_log(root.resolve() / "runs" / run_id / "warnings.log")
     try:
         with logged as warned:
             summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))

@@ -8,7 +8,7 @@ read-only at the store's latest committed snapshot, so it never blocks a writer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, Sequence
 
 import pyarrow as pa
@@ -64,8 +64,7 @@ class RolloutQuery:
     def without(self, *names: str) -> RolloutQuery:
         """This query with the fields ``names`` reset to None (e.g. the histogram's own
         reward range)."""
-        return RolloutQuery(**{f.name: (None if f.name in names else getattr(self, f.name))
-                               for f in fields(self)})
+        return replace(self, **{name: None for name in names})
 
     def as_params(self) -> dict[str, str]:
         """The query as URL parameters (fields at their default left out)."""

@@ -144,7 +144,9 @@ def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
     rows = reads(store).view("drops", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
     out: dict[str, list[float]] = {}
-    for row in rows:
+    for row in rows:  # a step committed after the steps were read (a live run) is left out
+        if row["step"] not in index:
+            continue
         key = f"{row['dropped_by'] or '?'}: {row['reason']}"
         out.setdefault(key, [0.0] * len(data.steps))[index[row["step"]]] = float(row["n"])
     return dict(sorted(out.items(), key=lambda kv: -sum(kv[1])))
@@ -156,7 +158,8 @@ def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
     index = {s: i for i, s in enumerate(data.steps)}
     counts = [[0.0] * len(PASS_LABELS) for _ in data.steps]
     for row in rows:
-        counts[index[row["step"]]][row["bin"]] = float(row["n"])
+        if row["step"] in index:  # not a step committed after the steps were read
+            counts[index[row["step"]]][row["bin"]] = float(row["n"])
     return [[c / total for c in row] if (total := sum(row)) else row for row in counts]
 
 

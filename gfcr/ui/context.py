@@ -29,6 +29,10 @@ class Context:
         self.uri = os.fspath(uri)
         self._store: Any = None
         self._lock = threading.Lock()
+        self.cache: dict[tuple[Any, ...], Any] = {}
+        """What a page computed of a run, by the run's marker (its committed steps and
+        status) at the time: a committed step never changes, so a cached figure stands
+        until the run moves."""
         self.serial = threading.Lock()
         """Held by a page while it reads: pages take turns (each is short), so no two
         threads interleave a page's statements or import what a page needs at once."""

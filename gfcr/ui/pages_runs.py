@@ -54,7 +54,8 @@ def run_page(ctx: Context, run_id: str) -> str:
             '<div id="charts" class="charts"></div>'
             f'<h2>Steps</h2><div id="run-steps">{steps_table(ctx, run_id)}</div>'
             f"<h2>Held-out evaluations</h2>{_evaluations(ctx, run_id)}"
-            f"<h2>Dropped rollouts</h2>{_drops(ctx, run_id)}"
+            '<h2>Dropped rollouts</h2><div id="drops" class="lazy" '
+            f'data-src="/fragment/runs/{seg(run_id)}/drops">reading…</div>'
             '<h2>Warnings and doctor findings</h2><div id="doctor" class="lazy" '
             f'data-src="/fragment/runs/{seg(run_id)}/doctor">reading…</div>')
     marker = ctx.browse().marker(run_id) or {}
@@ -112,7 +113,8 @@ def _pipeline(spec: dict[str, Any], spec_yaml: str | None) -> str:
         return escape(str(value.get("type", "?"))) if isinstance(value, dict) else "–"
     parts = [f"<li>{name}: <b>{kind(spec.get(name))}</b></li>"
              for name in ("task", "policy", "engine", "warmstart") if spec.get(name)]
-    stages = spec.get("stages") if isinstance(spec.get("stages"), list) else []
+    listed = spec.get("stages")
+    stages: list[Any] = listed if isinstance(listed, list) else []
     chain = " → ".join(f"<b>{kind(s)}</b>" for s in stages)
     return (f"<ul>{''.join(parts)}<li>stages: {chain or '–'}</li></ul>"
             f"<details><summary>spec (YAML)</summary><pre>{escape(spec_yaml or '')}</pre></details>")
@@ -126,7 +128,7 @@ def _evaluations(ctx: Context, run_id: str) -> str:
                  [[num(r["step"]), escape(str(r["label"] or "")), pct(r["accuracy"])] for r in rows])
 
 
-def _drops(ctx: Context, run_id: str) -> str:
+def drops_fragment(ctx: Context, run_id: str) -> str:
     rows = ctx.browse().drop_reasons(run_id).to_pylist()
     if not rows:
         return "<p>none</p>"
@@ -172,23 +174,47 @@ def _phase_times(ctx: Context, run_id: str) -> str:
 
 
 def series(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
-    """``/api/series?runs=A,B``: per run, its steps and the chosen series, as
-    ``gfcr report`` reads them."""
+    """``/api/series?runs=A,B[&source=steps]``: per run, its steps and the chosen series,
+    as ``gfcr report`` reads them (gfcr.report.data.load_run); ``source=steps``: only
+    those the ``steps`` table holds (a few rows a run, however many rollouts it has: the
+    page's first view, before the per-rollout aggregates arrive)."""
     runs = run_list(params)
     if not 1 <= len(runs) <= 8:
         raise UiError(400, f"bad parameter: runs={params.get('runs', '')!r} must name 1 to 8 runs")
+    source = params.get("source", "all")
+    if source not in ("all", "steps"):
+        raise UiError(400, f"bad parameter: source={source!r} must be all or steps")
     out: dict[str, Any] = {}
     for run_id in runs:
         ctx.run(run_id)
-        try:
-            data = load_run(ctx.store(), run_id, samples=False)
-        except ReportError:
-            out[run_id] = {"steps": [], "series": {}}
-            continue
-        data.series["heldout_accuracy"] = _accuracy_series(data.steps, data.accuracy)
-        out[run_id] = {"steps": data.steps,
-                       "series": {k: data.series[k] for k in SERIES if data.has(k)}}
+        marker = ctx.browse().marker(run_id) or {}
+        key = (run_id, source, marker.get("steps"), marker.get("status"))
+        if key not in ctx.cache:
+            ctx.cache[key] = _series(ctx, run_id, source == "steps")
+        out[run_id] = ctx.cache[key]
     return out
+
+
+def _series(ctx: Context, run_id: str, steps_only: bool) -> dict[str, Any]:
+    if steps_only:
+        rows = ctx.reads().steps(run_id).to_pylist()
+        steps = [r["step"] for r in rows]
+        values = [dict(r["metrics"] or []) for r in rows]
+        found = {name: [_float(v.get(name)) for v in values] for name in SERIES}
+        found["heldout_accuracy"] = _accuracy_series(steps, [
+            (r["step"], float(r["accuracy"]), "") for r in ctx.reads().evaluations(run_id).to_pylist()])
+        return {"steps": steps, "series": {k: v for k, v in found.items()
+                                           if any(math.isfinite(x) for x in v)}}
+    try:
+        data = load_run(ctx.store(), run_id, samples=False)
+    except ReportError:
+        return {"steps": [], "series": {}}
+    data.series["heldout_accuracy"] = _accuracy_series(data.steps, data.accuracy)
+    return {"steps": data.steps, "series": {k: data.series[k] for k in SERIES if data.has(k)}}
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _accuracy_series(steps: list[int], accuracy: list[tuple[int, float, str]]) -> list[float]:

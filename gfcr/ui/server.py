@@ -55,6 +55,7 @@ ROUTES: list[tuple[tuple[str, ...], Handler]] = [
     (("fragment", "runs"), _html(lambda ctx, params: pages_runs.runs_table(ctx))),
     (("fragment", "runs", "*", "head"), _html(lambda ctx, run, p: pages_runs.run_head(ctx, run))),
     (("fragment", "runs", "*", "steps"), _html(lambda ctx, run, p: pages_runs.steps_table(ctx, run))),
+    (("fragment", "runs", "*", "drops"), _html(lambda ctx, run, p: pages_runs.drops_fragment(ctx, run))),
     (("fragment", "runs", "*", "doctor"), _html(lambda ctx, run, p: pages_runs.doctor_fragment(ctx, run))),
     (("favicon.ico",), lambda ctx, parts, params: ("image/svg+xml", _ICON)),
     (("api", "series"), lambda ctx, parts, params: ("application/json", json_text(pages_runs.series(ctx, params)))),
@@ -87,8 +88,8 @@ class UiServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else host
+        host, port = str(self.server_address[0]), self.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -72,7 +72,8 @@ class TinyLlama(Spec):
 
     def decoder(self) -> Callable[[Sequence[int]], str] | None:
         """Its file-free tokenizer's ``decode`` (gfcr.core.capabilities.DecodesTokens)."""
-        return TOKENIZERS[self.tokenizer]().decode
+        tokenizer = TOKENIZERS[self.tokenizer]()
+        return lambda ids: str(tokenizer.decode(list(ids)))
 
     def build(self, *, seed: int) -> Policy:
         """A fresh float32 model, weights drawn under ``torch.manual_seed(seed)``."""

@@ -58,10 +58,10 @@
     return box;
   }
 
-  async function drawCharts() {
+  async function drawCharts(source) {
     const box = document.getElementById("charts");
     if (!box || !page.runs) return;
-    const resp = await fetch("/api/series?runs=" + page.runs.map(encodeURIComponent).join(","));
+    const resp = await fetch("/api/series?source=" + (source || "all") + "&runs=" + page.runs.map(encodeURIComponent).join(","));
     const got = await resp.json();
     if (got.error) { box.textContent = got.error; return; }
     const runs = page.runs.map((id) => ({ id: id, data: got[id] || { steps: [], series: {} } }));
@@ -73,6 +73,7 @@
       box.prepend(legend);
     }
     box.dataset.steps = runs.map((r) => r.data.steps.length).join(",");
+    box.dataset.source = source || "all";
   }
 
   async function replace(id, url) {
@@ -121,7 +122,7 @@
 
   function runPage() {
     const run = encodeURIComponent(page.runs[0]);
-    drawCharts();
+    drawCharts("steps").then(() => drawCharts("all"));  // the steps table's first, then the store's
     live("/events?run=" + run, async () => {
       await replace("run-head", `/fragment/runs/${run}/head`);
       await replace("run-steps", `/fragment/runs/${run}/steps`);
@@ -134,5 +135,5 @@
   });
   if (page.page === "runs") runsPage();
   else if (page.page === "run") runPage();
-  else if (page.page === "compare") drawCharts();
+  else if (page.page === "compare") drawCharts("steps").then(() => drawCharts("all"));
 })();
