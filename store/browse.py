@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
 from gfcr.core.browse import RolloutQuery
 from gfcr.core.rollout import with_turns
@@ -116,31 +117,37 @@ class BrowseReads:
             params[name] = value
         return " AND ".join(conditions), params
 
-    def rollouts(self, run_id: str, query: RolloutQuery) -> tuple[pa.Table, int]:
+    def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
         where, params = self._where(run_id, query)
         have = set(self.columns())
         server = "server" if "server" in have else "NULL::VARCHAR AS server"
         turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
-        table = self.store.sql(
+        return self.store.sql(
             f"SELECT rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
             f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
             f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns "
             f"FROM rollouts WHERE {where} ORDER BY step DESC, group_id, sample_idx, rollout_id "
             "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
-        total = self.store.sql(f"SELECT count(*) AS n FROM rollouts WHERE {where}", params)
-        return table, int(total.column("n")[0].as_py())
 
-    def reward_histogram(self, run_id: str, query: RolloutQuery, bins: int) -> pa.Table:
+    def histogram(self, run_id: str, query: RolloutQuery, bins: int) -> tuple[int, pa.Table]:
         where, params = self._where(run_id, query.without("reward_min", "reward_max"))
+        ranged = [c for c, v in (("reward >= $reward_min", query.reward_min),
+                                 ("reward <= $reward_max", query.reward_max)) if v is not None]
+        params |= {k: v for k, v in (("reward_min", query.reward_min),
+                                     ("reward_max", query.reward_max)) if v is not None}
         bins = max(1, min(int(bins), 200))
-        return self.store.sql(
-            f"WITH r AS (SELECT reward FROM rollouts WHERE {where} AND reward IS NOT NULL), "
-            "b AS (SELECT min(reward) AS lo, max(reward) AS hi FROM r), "
+        table = self.store.sql(  # one scan: the page's count rides along with the bins
+            f"WITH r AS MATERIALIZED (SELECT reward FROM rollouts WHERE {where}), "
+            f"b AS (SELECT min(reward) AS lo, max(reward) AS hi, "
+            f"count(*) FILTER (WHERE {' AND '.join(ranged) or 'true'}) AS total FROM r), "
             "c AS (SELECT least(floor((reward - lo) / nullif(hi - lo, 0) * $bins), $bins - 1)::BIGINT AS bin, "
-            "count(*) AS n FROM r, b GROUP BY 1) "
-            "SELECT coalesce(c.bin, 0) AS bin, b.lo + coalesce(c.bin, 0) * (b.hi - b.lo) / $bins AS low, "
+            "count(*) AS n FROM r, b WHERE reward IS NOT NULL GROUP BY 1) "
+            "SELECT b.total, coalesce(c.bin, 0) AS bin, b.lo + coalesce(c.bin, 0) * (b.hi - b.lo) / $bins AS low, "
             "b.lo + (coalesce(c.bin, 0) + 1) * (b.hi - b.lo) / $bins AS high, c.n "
-            "FROM c, b ORDER BY bin", {**params, "bins": bins})
+            "FROM b LEFT JOIN c ON true ORDER BY bin", {**params, "bins": bins})
+        total = int(table.column("total")[0].as_py() or 0) if table.num_rows else 0
+        bars = table.drop_columns(["total"]).filter(pa.compute.is_valid(table.column("n")))
+        return total, bars
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
         table = self.store.sql("SELECT * FROM rollouts WHERE run_id = $run AND rollout_id = $id LIMIT 1",

@@ -93,14 +93,15 @@ class BrowseReads(Protocol):
         no such run). Cheap: read every half second by the live view."""
         ...
 
-    def rollouts(self, run_id: str, query: RolloutQuery) -> tuple[pa.Table, int]:
+    def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
         """One page of the run's rollouts that meet ``query``, by step (newest first),
-        group and sample, with short texts; and how many meet it in all."""
+        group and sample, with short texts."""
         ...
 
-    def reward_histogram(self, run_id: str, query: RolloutQuery, bins: int) -> pa.Table:
-        """``bins`` equal reward bins over the rows that meet ``query`` (its reward range
-        aside): ``bin``, ``low``, ``high``, ``n``."""
+    def histogram(self, run_id: str, query: RolloutQuery, bins: int) -> tuple[int, pa.Table]:
+        """How many rollouts meet ``query``, and ``bins`` equal reward bins over the scored
+        rows that meet it with its reward range aside (``bin``, ``low``, ``high``, ``n``;
+        empty bins left out), in one scan."""
         ...
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:

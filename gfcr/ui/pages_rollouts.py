@@ -26,8 +26,9 @@ def rollouts_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> str:
     query = rollout_query(params)
     browse = ctx.browse()
     try:
-        rows, total = browse.rollouts(run_id, query)
-        hist = browse.reward_histogram(run_id, query, BINS).to_pylist()
+        rows = browse.rollouts(run_id, query)
+        total, bars = browse.histogram(run_id, query, BINS)
+        hist = bars.to_pylist()
     except ValueError as e:  # a filter the store cannot answer (no server column)
         raise UiError(400, f"bad filter: {e}") from e
     base = f"/runs/{seg(run_id)}/rollouts"
@@ -102,7 +103,8 @@ def _rows_table(run_id: str, rows: list[dict[str, Any]]) -> str:
 
 def group_page(ctx: Context, run_id: str, group_id: str) -> str:
     ctx.run(run_id)
-    rows, total = ctx.browse().rollouts(run_id, RolloutQuery(group_id=group_id, limit=500))
+    rows = ctx.browse().rollouts(run_id, RolloutQuery(group_id=group_id, limit=500))
+    total = rows.num_rows
     if not total:
         raise UiError(404, f"no group {group_id!r} in run {run_id!r}")
     items = sorted(rows.to_pylist(), key=lambda r: r["sample_idx"])
