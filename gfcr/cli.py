@@ -74,15 +74,8 @@ def run(
 
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
-    from gfcr.commands import run as cli_run
-    from gfcr.commands.errors import explain
-    from gfcr.commands.exits import RunExited
-    from gfcr.core.names import UnsafeName
-    from gfcr.core.storage import backend
     from gfcr.launch.flow import RunRequest
     from gfcr.launch.run import new_run_id
-    from gfcr.runner.cancel import RunCancelled
-    from gfcr.runner.resume import ResumeError
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
@@ -92,13 +85,39 @@ def run(
                          score_pool=score_pool, fleet=fleet)
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
-    run_id = str(request.run_id)
-    viewer = _start_ui(store or root / "store", ui_port, run_id) if ui else None
-    from gfcr.commands.warnings_log import warnings_to_log
-    logged = warnings_to_log(root.resolve() / "runs" / run_id / "warnings.log")
+    viewer = _start_ui(store or root / "store", ui_port, str(request.run_id)) if ui else None
     try:
-        with logged as warned:
+        summary, warned = _execute(request, executor, bars, root, store, track)
+    finally:
+        if viewer is not None:
+            viewer.shutdown()
+            viewer.server_close()
+    if as_json:
+        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
+        print(json.dumps(data, default=str))
+    else:
+        _print_summary(summary)
+        if warned.note():
+            err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
+
+
+def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional[str],
+             track: bool) -> tuple[Any, Any]:
+    """Run ``request``; its summary and where its library warnings went (a log file under
+    ROOT/runs/RUN_ID, not the terminal). A failure ends the command with its message."""
+    from gfcr.commands import run as cli_run
+    from gfcr.commands.errors import explain
+    from gfcr.commands.exits import RunExited
+    from gfcr.commands.warnings_log import warnings_to_log
+    from gfcr.core.names import UnsafeName
+    from gfcr.core.storage import backend
+    from gfcr.runner.cancel import RunCancelled
+    from gfcr.runner.resume import ResumeError
+
+    try:
+        with warnings_to_log(root.resolve() / "runs" / str(request.run_id) / "warnings.log") as warned:
             summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        return summary, warned
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -111,16 +130,6 @@ def run(
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
-        if viewer is not None:
-            viewer.shutdown()
-            viewer.server_close()
-    if as_json:
-        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
-        print(json.dumps(data, default=str))
-    else:
-        _print_summary(summary)
-        if warned.note():
-            err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _start_ui(where: str | Path, port: int, run_id: str) -> Any:

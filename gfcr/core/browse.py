@@ -64,7 +64,8 @@ class RolloutQuery:
     def without(self, *names: str) -> RolloutQuery:
         """This query with the fields ``names`` reset to None (e.g. the histogram's own
         reward range)."""
-        return replace(self, **{name: None for name in names})
+        changes: dict[str, Any] = {name: None for name in names}
+        return replace(self, **changes)
 
     def as_params(self) -> dict[str, str]:
         """The query as URL parameters (fields at their default left out)."""

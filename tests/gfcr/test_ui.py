@@ -157,6 +157,8 @@ def test_the_run_page_shows_pipeline_charts_phases_and_findings(served: dict[str
     page.goto(served["url"] + "/runs/real")
     page.wait_for_selector("#charts .chart svg circle.point", timeout=WAIT_MS)
     page.wait_for_selector("#doctor:not(.lazy)", timeout=WAIT_MS)
+    page.wait_for_function("document.getElementById('charts').dataset.source === 'all'", timeout=WAIT_MS)
+    assert page.locator("#charts .chart[data-metric='store/kept_share']").count() == 1  # the report's figures
     assert "uniform" in page.inner_text("main") and "Phase times" in page.inner_text("#doctor")
     _shot(page, "run")
     page.locator("#charts .chart circle.point").first.click()

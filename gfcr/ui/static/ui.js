@@ -35,7 +35,7 @@
     if (!xs.length) { el("text", { x: W / 2, y: H / 2, class: "empty", "text-anchor": "middle" }, svg).textContent = "no data"; return box; }
     let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
     if (x0 === x1) { x0 -= 1; x1 += 1; }
-    if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 + 1e-9; y1 += Math.abs(y1) * 0.1 + 1e-9; }
+    if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
     const px = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
     const py = (y) => H - B - (y - y0) / (y1 - y0) * (H - T - B);
     el("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }, svg);
