@@ -13,7 +13,7 @@ reads of the same run in the same invocation.
    (``/events?run=RUN``) delivering its marker. Target < 2 s.
 
 The store is generated with pyarrow straight into ``RolloutStore.commit_step`` (steps of
-50,000 small rollouts; a few minutes here). Each figure is the median of 5 after a warm-up.
+50,000 small rollouts; a few minutes here). Each figure is the median of 3 after a warm-up.
 
     python bench/ui.py [--rows 1000000] [--per-step 50000] [--store DIR] [--json]
 """
@@ -31,14 +31,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from bench.store import rollouts  # noqa: E402
+from bench.store import median, rollouts  # noqa: E402
 from gfcr.core.rollout import col  # noqa: E402
 from store import RolloutStore  # noqa: E402
 
@@ -69,16 +69,6 @@ def generate(path: Path, rows: int, per_step: int) -> tuple[RolloutStore, int]:
         store.commit_step(RUN, step, step_rows(step, n), policy_version=step,
                           metrics={"reward_mean": 0.4, "step_seconds": 1.0})
     return store, steps
-
-
-def median(fn: Callable[[], Any], repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def get(url: str) -> bytes:
@@ -141,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from gfcr.report import load_runs, open_store
 
     with open_store(folder) as reader:
-        report_s = median(lambda: load_runs(reader, [RUN]), repeats=3)
+        report_s = median(lambda: load_runs(reader, [RUN]))
     server, base = start_server(folder)
     try:
         first = median(lambda: (get(f"{base}/runs/{RUN}"), get(f"{base}/api/series?source=steps&runs={RUN}")))
