@@ -114,3 +114,23 @@ def test_gfcr_ui_names_a_port_in_use(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["ui", "--store", str(tmp_path / "none"), "--port",
                                           str(taken.getsockname()[1])])
     assert result.exit_code == 2 and "cannot listen on 127.0.0.1:" in result.output
+
+
+def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
+    """``gfcr run --ui``: the server starts before the run has made its store, prints the
+    run page's URL, and shows the run once it exists."""
+    from gfcr.cli import _start_ui
+
+    server = _start_ui(tmp_path / "store", 0, "r")
+    try:
+        url = capsys.readouterr().err.split("gfcr ui: ")[1].split()[0]
+        assert url.endswith("/runs/r") and url.startswith("http://127.0.0.1:")
+        assert _get(url)[0] == 503  # no store yet: a message, not a crash
+        server.ctx.close()
+        with RolloutStore.open(tmp_path / "store") as s:
+            synthetic_run(s, "r", [{}])
+        status, body = _get(url)
+        assert status == 200 and "Run r" in body
+    finally:
+        server.shutdown()
+        server.server_close()
