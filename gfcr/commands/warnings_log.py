@@ -15,13 +15,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-class _Count(logging.Handler):
-    def __init__(self) -> None:
+class _Sink(logging.Handler):
+    """Counts the warnings and appends each to the file, made on the first one (a root
+    that cannot be written loses the lines, never the run: the run itself reports why)."""
+
+    def __init__(self, path: Path) -> None:
         super().__init__()
+        self.path = path
         self.n = 0
+        self.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         self.n += 1
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(self.format(record) + "\n")
+        except OSError:
+            pass
 
 
 class WarningsLog:
@@ -29,11 +40,11 @@ class WarningsLog:
 
     def __init__(self, path: Path):
         self.path = path
-        self._count = _Count()
+        self.sink = _Sink(path)
 
     @property
     def count(self) -> int:
-        return self._count.n
+        return self.sink.n
 
     def note(self) -> str | None:
         """One line for the terminal, or None when there was no warning."""
@@ -48,11 +59,8 @@ def warnings_to_log(path: Path) -> Iterator[WarningsLog]:
     runs; the terminal gets none of them."""
     log = WarningsLog(path)
     logger = logging.getLogger("py.warnings")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, delay=True, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     saved = (logger.handlers[:], logger.propagate)
-    logger.handlers = [handler, log._count]
+    logger.handlers = [log.sink]
     logger.propagate = False
     logging.captureWarnings(True)
     try:
@@ -60,4 +68,3 @@ def warnings_to_log(path: Path) -> Iterator[WarningsLog]:
     finally:
         logging.captureWarnings(False)
         logger.handlers, logger.propagate = saved
-        handler.close()
