@@ -65,7 +65,8 @@ def run(
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
-    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
+    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET,
+                                    callback=cli_workers.checked_fleet),
     ui: bool = typer.Option(False, "--ui", help="Serve `gfcr ui` on the run's store beside it "
                             "(127.0.0.1, --ui-port) and print its URL."),
     ui_port: int = typer.Option(8765, min=0, max=65535, help="Port of --ui (0: any free one)."),

@@ -139,13 +139,14 @@ def test_a_server_restarted_with_other_weights_is_reloaded_before_it_is_used(
     survivor, victim = fleet
     victim.kill()  # whatever the test before left, it now restarts on other weights
     save_policy(VLLM_POLICY.build(seed=1), tmp_path / "other")
-    fleet[1] = servers.start(tmp_path / "other", tmp_path / "restarted.log", port=victim.port)
+    fleet[1] = servers.start(tmp_path / "other", tmp_path / "restarted.log", victim.key_file,
+                             victim.weights_root, port=victim.port)
     policy = VLLM_POLICY.build(seed=0)
     store = WeightStore(tmp_path / "w", policy.io)
     published = store.publish(_Handle(policy), 4, "restart")
     messages: list[str] = []
     engine = FleetEngine(policy, [survivor.url, victim.url], timeout_s=60,
-                         notify=messages.append)
+                         notify=messages.append, key=survivor.key())
     engine.load(str(published.path), 4, published.ident)  # the victim is not up yet
     assert victim.url in engine.down
     servers.wait_healthy([fleet[1]])
