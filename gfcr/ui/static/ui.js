@@ -126,7 +126,8 @@
     live("/events?run=" + run, async () => {
       await replace("run-head", `/fragment/runs/${run}/head`);
       await replace("run-steps", `/fragment/runs/${run}/steps`);
-      await drawCharts();
+      await drawCharts("steps");  // at once; the store's per-rollout figures follow
+      await drawCharts("all");
     });
   }
 
