@@ -24,6 +24,7 @@ the capability, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from gfcr.core.stage import OnSegment, StageSpec
@@ -38,6 +39,16 @@ class EngineSpec(Protocol):
     capabilities: ClassVar[frozenset[str]]
 
     def build(self, policy: Any, *, seed: int) -> Any: ...
+
+
+@runtime_checkable
+class DecodesTokens(Protocol):
+    """A policy's config that can turn its token ids back into text without building the
+    model (its tokenizer alone, from local files): how ``gfcr report`` and ``gfcr ui`` show
+    every stored turn as text. ``decoder`` returns None where the tokenizer's files are not
+    on this machine."""
+
+    def decoder(self) -> Callable[[Sequence[int]], str] | None: ...
 
 
 def needs(stage: StageSpec) -> frozenset[str]:

@@ -13,6 +13,7 @@ local directory only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +71,11 @@ class TinyLlama(Spec):
                              f"{self.hidden_size // self.num_heads!r} must be even (rotary)")
         return self
 
+    def decoder(self) -> Callable[[Sequence[int]], str] | None:
+        """Its file-free tokenizer's ``decode`` (gfcr.core.capabilities.DecodesTokens)."""
+        tokenizer = TOKENIZERS[self.tokenizer]()
+        return lambda ids: str(tokenizer.decode(list(ids)))
+
     def build(self, *, seed: int) -> Policy:
         """A fresh float32 model, weights drawn under ``torch.manual_seed(seed)``."""
         import torch
@@ -109,6 +115,11 @@ class HFCheckpoint(Spec):
     system: str | None = None
     """The system message of the chat template; None: the template's own default."""
 
+    def decoder(self) -> Callable[[Sequence[int]], str] | None:
+        """The checkpoint's tokenizer's ``decode`` (special tokens shown: a chat template's
+        turn markers are part of what the policy saw), or None without its files here."""
+        return _hf_decoder(self.path)
+
     def build(self, *, seed: int) -> Policy:
         """Load model and tokenizer with ``local_files_only=True``; ``seed`` seeds any
         weights the checkpoint lacks."""
@@ -131,6 +142,16 @@ class HFCheckpoint(Spec):
         return Policy(model=model, tokenizer=tok, remedy=(
             "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
             io=TORCH_IO)
+
+
+def _hf_decoder(path: str) -> Callable[[Sequence[int]], str] | None:
+    """``decode`` of the transformers tokenizer at ``path`` (None: no such directory)."""
+    if not Path(path).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return lambda ids: str(hf.decode(list(ids), skip_special_tokens=False))
 
 
 class HFTokenizer:
