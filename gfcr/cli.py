@@ -88,12 +88,7 @@ def run(
     from gfcr.runner.resume import ResumeError
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
-    if track:
-        from gfcr.runner.trackers import trackers
-        try:
-            trackers(tuple(tracker))  # unknown or not installed: said before the run starts
-        except ValueError as e:
-            _fail(str(e))
+    _check_trackers(tracker if track else [])
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
@@ -116,11 +111,17 @@ def run(
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
-    if as_json:
-        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
-        print(json.dumps(data, default=str))
-    else:
-        _print_summary(summary)
+    _print_summary(summary, as_json=as_json)
+
+
+def _check_trackers(names: list[str]) -> None:
+    """An unknown tracker, or one whose package is missing, refused before the run."""
+    from gfcr.runner.trackers import trackers
+
+    try:
+        trackers(tuple(names))
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
@@ -263,7 +264,11 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _print_summary(s: Any) -> None:
+def _print_summary(s: Any, *, as_json: bool = False) -> None:
+    """The run's summary: a table, or with ``as_json`` one JSON object (no history)."""
+    if as_json:
+        print(json.dumps({k: v for k, v in s.as_dict().items() if k != "history"}, default=str))
+        return
     view = Table(title=f"run {s.run_id}", show_header=False)
     gain = 100 * (s.accuracy_after - s.accuracy_before)
     stages = (f"{s.accuracy_before:.1%} -> {s.accuracy_warmstart:.1%} (warm start) -> "

@@ -193,5 +193,7 @@ class ExportsModel(Protocol):
     LoRA checkpoint is written); ``base(policy)`` rebuilds the base weights an adapter
     was trained on (the warm start) and is called only for an adapter checkpoint."""
 
+    def build(self, *, seed: int) -> Any: ...
+
     def export(self, policy: Any, weights: Path, out: Path, *, lora: str,
                base: Callable[[Any], None]) -> list[str]: ...

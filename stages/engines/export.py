@@ -37,10 +37,11 @@ class SavesPretrained(Protocol):
     def save_pretrained(self, folder: str) -> Any: ...
 
 
-def export_method(_spec: Any, policy: Policy, weights: Path, out: Path, *, lora: str,
+def export_policy(policy: Policy, weights: Path, out: Path, *, lora: str,
                   base: Callable[[Policy], None]) -> list[str]:
-    """:func:`export` as the ``export`` method of a policy component
-    (gfcr.core.capabilities.ExportsModel): ``export = export_method`` in its class."""
+    """:func:`export` for a policy component's ``export`` method
+    (gfcr.core.capabilities.ExportsModel), whose ``lora`` is any text: ``adapter`` keeps
+    the adapter, anything else merges it."""
     return export(policy, weights, out, lora="adapter" if lora == "adapter" else "merged",
                   base=base)
 

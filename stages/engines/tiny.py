@@ -13,13 +13,14 @@ local directory or a hub id (:mod:`stages.engines.hub`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
 from gfcr.core.engine import Policy
 from gfcr.core.stage import Spec, register
-from stages.engines.export import export_method
+from stages.engines.export import export_policy
 from stages.engines.hub import local_folder
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
 from stages.engines.torch_io import TORCH_IO
@@ -90,8 +91,10 @@ class TinyLlama(Spec):
             "set policy.tokenizer='byte' (TinyLlama(tokenizer='byte'), or --set "
             "policy.tokenizer=byte), which encodes any text" if self.tokenizer == "char" else ""))
 
-    export = export_method
-    """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]:
+        """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+        return export_policy(policy, weights, out, lora=lora, base=base)
 
 
 @register("policy")
@@ -141,8 +144,10 @@ class HFCheckpoint(Spec):
             "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
             io=TORCH_IO)
 
-    export = export_method
-    """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]:
+        """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+        return export_policy(policy, weights, out, lora=lora, base=base)
 
 
 class HFTokenizer:
