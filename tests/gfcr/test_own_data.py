@@ -25,7 +25,7 @@ from tests.resources import wandb_offline
 SUMS = Path(__file__).resolve().parents[2] / "examples" / "data" / "sums.jsonl"
 FLIPS = """
 SELECT a.prompt_id, a.prompt, a.completion AS before, b.completion AS after
-FROM eval_completions a JOIN eval_completions b USING (run_id, eval_set, prompt_id, sample)
+FROM eval_completions a JOIN eval_completions b USING (run_id, eval_set, prompt_id, sample, temperature)
 WHERE a.run_id = $run AND a.eval_set = 'heldout' AND a.temperature = 0
   AND a.label = 'step=0' AND b.label = 'step=2' AND a.correct <> b.correct
 """
@@ -63,6 +63,8 @@ def test_completions_are_stored_per_prompt_and_sample_and_show_flips(run):
         per_eval = s.sql("SELECT eval_set, label, count(*) AS n, count(DISTINCT prompt_id) AS p "
                          "FROM eval_completions GROUP BY ALL ORDER BY ALL").to_pylist()
         flips = s.sql(FLIPS, {"run": summary.run_id})
+        greedy = s.sql("SELECT label, prompt_id, correct FROM eval_completions "
+                       "WHERE eval_set = 'heldout' AND temperature = 0").to_pylist()
         meta = s.sql("SELECT count(*) AS n, count(json_extract(meta, '$.id')) AS ids, "
                      "count_if(json_extract_string(meta, '$.difficulty') IN ('easy', 'hard')) "
                      "AS levels FROM rollouts").to_pylist()[0]
@@ -75,6 +77,10 @@ def test_completions_are_stored_per_prompt_and_sample_and_show_flips(run):
         {"eval_set": "heldout", "label": "step=0", "n": 30, "p": 6},
         {"eval_set": "heldout", "label": "step=2", "n": 30, "p": 6}]
     assert flips.column_names == ["prompt_id", "prompt", "before", "after"]
+    right = {(r["label"], r["prompt_id"]): r["correct"] for r in greedy}
+    flipped = {p for (label, p) in right if label == "step=0" and
+               right[("step=0", p)] != right[("step=2", p)]}
+    assert sorted(flips.column("prompt_id").to_pylist()) == sorted(flipped)
     # the file's own columns, carried into the store with every rollout
     assert meta["n"] == 32 and meta["ids"] == meta["levels"] == 32
 
