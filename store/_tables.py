@@ -63,8 +63,8 @@ EVALUATIONS_SCHEMA = pa.schema([
 (``label`` ``initial``: before the warm start, ``step=N`` otherwise), the share of
 ``n_prompts`` prompts answered with full credit, decoded at ``temperature`` (0: greedy)
 with at most ``max_tokens`` tokens. ``eval_set`` is ``heldout`` for the task's held-out
-split or an ``Evaluation.sets`` name (null in rows stored before schema version 3: the
-held-out split). With a sampled evaluation: ``samples`` completions per prompt at
+split or an ``Evaluation.sets`` name (rows stored before schema version 3 are set to
+``heldout`` by its migration). With a sampled evaluation: ``samples`` completions per prompt at
 ``sample_temperature``, their ``mean_reward`` and ``pass_at`` (k -> unbiased pass@k);
 null otherwise. A run evaluated again under the same label and set (a resume) replaces
 its row."""

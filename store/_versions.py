@@ -24,7 +24,7 @@ Versions:
    (``gfcr.core.rollout.conform``, the ``turns`` view).
 3. evaluations beyond greedy held-out accuracy: ``evaluations`` gains ``eval_set``,
    ``samples``, ``sample_temperature``, ``mean_reward`` and ``pass_at`` (null in older
-   rows, whose set is the held-out split), and the ``eval_completions`` table holds every
+   rows, whose ``eval_set`` is set to ``heldout``: the split they evaluated), and the ``eval_completions`` table holds every
    evaluated completion (``_tables.EVAL_COMPLETIONS_SCHEMA``; created with the other
    missing tables when the store is opened for writing).
 """
@@ -60,6 +60,8 @@ def _add_eval_columns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
     for name in _EVAL_COLUMNS:
         con.execute(f"ALTER TABLE {alias}.evaluations ADD COLUMN IF NOT EXISTS "
                     f"{quote_ident(name)} {types[name]}")
+    # every evaluation before sets existed was of the held-out split
+    con.execute(f"UPDATE {alias}.evaluations SET eval_set = 'heldout' WHERE eval_set IS NULL")
 
 
 _EVAL_COLUMNS = ("eval_set", "samples", "sample_temperature", "mean_reward", "pass_at")

@@ -177,13 +177,15 @@ def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = Non
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
                   track: bool = True, generate_timeout: float = 600.0,
-                  score_pool: str | None = None, fleet: list[str] | None = None) -> Any:
+                  score_pool: str | None = None, fleet: list[str] | None = None,
+                  trackers: list[str] | None = None, export: str | None = None) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
                          tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=tuple(fleet or ()))
+                         score_pool=score_pool, fleet=tuple(fleet or ()),
+                         trackers=tuple(trackers or ("mlflow",)), export=export)
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))

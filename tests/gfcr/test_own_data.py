@@ -173,3 +173,14 @@ def test_the_export_loads_in_transformers_with_the_run_s_logits(run, tmp_path):
     refused = cli.invoke(app, ["export", summary.run_id, "--step", "0", "--out",
                                str(tmp_path / "none"), "--root", str(root)])
     assert refused.exit_code == 2 and "has no checkpoint of step 0" in refused.output
+
+
+def test_an_unknown_tracker_is_refused_before_the_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from gfcr.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--tracker", "neptune", "--root", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "tracker 'neptune' is not one of mlflow, wandb, tensorboard" in result.output
+    assert not (tmp_path / "store").exists()

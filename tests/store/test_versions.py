@@ -113,7 +113,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
                             max_tokens=8, eval_set="bench", completions=done,
                             sampled={"samples": 4, "temperature": 1.0, "mean_reward": 0.5,
                                      "pass_at": {1: 0.5, 4: 0.9}})
-        rows = s.sql("SELECT label, coalesce(eval_set, 'heldout') AS eval_set, pass_at[4] AS p4 "
+        rows = s.sql("SELECT label, eval_set, pass_at[4] AS p4 "
                      "FROM evaluations ORDER BY step").to_pylist()
         stored = s.sql("SELECT eval_set, prompt_id, completion, correct FROM eval_completions")
         held = RunReads(s).evaluations("r").to_pylist()
