@@ -71,7 +71,8 @@ def run(
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
-    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
+    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET,
+                                    callback=cli_workers.checked_fleet),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 

@@ -129,10 +129,11 @@ class WeightsDtype(Protocol):
 class EngineFleet(Protocol):
     """Optional on an engine config: its engine also runs as a fleet of servers
     (gfcr.transport.fleet.Fleet): ``fleet`` returns an engine over the servers at ``urls`` that
-    also loads published weight versions (``load(folder, version, ident)``)."""
+    also loads published weight versions (``load(folder, version, ident)``), sending the
+    fleet's ``key`` with every call (None: servers without one, on loopback)."""
 
     def fleet(self, policy: Any, urls: list[str], *, timeout_s: float, attempts: int,
-              notify: Any) -> Any: ...
+              notify: Any, key: bytes | None = None) -> Any: ...
 
 
 @runtime_checkable

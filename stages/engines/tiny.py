@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
+from gfcr.core.chattext import template_ids
 from gfcr.core.engine import Policy
 from gfcr.core.stage import Spec, register
 from stages.engines.export import export_policy
@@ -184,9 +185,8 @@ class HFTokenizer:
         messages = [{"role": "user", "content": text}]
         if self.system is not None:
             messages.insert(0, {"role": "system", "content": self.system})
-        rendered = self.hf.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=True)
-        return list(self.hf.encode(rendered, add_special_tokens=False))
+        return template_ids(self, lambda ms, _: str(self.hf.apply_chat_template(
+            ms, tokenize=False, add_generation_prompt=True)), messages, None)
 
     def render_chat(self, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
@@ -197,7 +197,20 @@ class HFTokenizer:
         return str(self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
                                                add_generation_prompt=add_generation_prompt))
 
+    @property
+    def specials(self) -> tuple[str, ...]:
+        """The special-token strings the tokenizer would read as ids (gfcr.core.chattext)."""
+        return tuple(sorted({str(t.content) for t in self.hf.added_tokens_decoder.values()
+                             if t.special} | set(self.hf.all_special_tokens)))
+
     def encode(self, text: str) -> list[int]:
+        """``text`` as text: a special-token string inside it (``<|im_end|>`` in a tool's
+        output or a task prompt) is split like any text, never read as its id, so
+        content cannot close a turn or open one (gfcr.core.chattext)."""
+        return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_template(self, text: str) -> list[int]:
+        """A chat template's markup, its special-token strings read as their ids."""
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
