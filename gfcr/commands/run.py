@@ -95,4 +95,5 @@ def _shielded_temporary_server() -> None:
 def _parameters(request: RunRequest) -> dict[str, Any]:
     data = request.model_dump()
     data["overrides"] = list(data["overrides"])
+    data["trackers"] = list(data["trackers"])
     return data

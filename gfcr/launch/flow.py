@@ -68,6 +68,10 @@ class RunRequest(BaseModel):
     tracking: str | None = None
     """MLflow tracking URI (None: SQLite under the root)."""
     track: bool = True
+    trackers: tuple[str, ...] = ("mlflow",)
+    """Where the run is tracked (gfcr.runner.trackers.TRACKERS), with ``track``."""
+    export: str | None = None
+    """Export the policy to this folder when the run finishes (gfcr.runner.export)."""
     generate_timeout: float = 600.0
     """With ``fleet``: each request's deadline; with ``score_pool``: seconds a step's
     score call may wait for a worker and run."""
@@ -128,8 +132,12 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
     run's id before it starts."""
     from gfcr.launch.run import execute, new_run_id
     from gfcr.runner.resume import ResumeError, stored_run
-    from gfcr.runner.tracking import MlflowHook
+    from gfcr.runner.export import ExportHook
+    from gfcr.runner.trackers import trackers
 
+    tracked = trackers(request.trackers, mlflow_uri=request.tracking) if request.track else []
+    if request.export is not None:
+        tracked.append(ExportHook(Path(request.export)))
     store = open_store(request)
     try:
         spec = resolve(request, store)
@@ -139,7 +147,6 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
         run_id = request.run_id or new_run_id(spec)
         if named is not None:
             named(run_id)
-        tracked = [MlflowHook(request.tracking)] if request.track else []
         return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
                        hooks=[*hooks, *tracked], store=store, stop=stop,
                        fleet=_generation(request), score_pool=_placement(request))
@@ -170,13 +177,15 @@ def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = Non
                   steps: int | None = None, run_id: str | None = None, resume: bool = False,
                   root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
                   track: bool = True, generate_timeout: float = 600.0,
-                  score_pool: str | None = None, fleet: list[str] | None = None) -> Any:
+                  score_pool: str | None = None, fleet: list[str] | None = None,
+                  trackers: list[str] | None = None, export: str | None = None) -> Any:
     """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
     request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
                          run_id=run_id, resume=resume, root=root, store=store,
                          tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=tuple(fleet or ()))
+                         score_pool=score_pool, fleet=tuple(fleet or ()),
+                         trackers=tuple(trackers or ("mlflow",)), export=export)
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))
