@@ -1,12 +1,19 @@
 """Micro-batches for gradient accumulation, packed under a sequence count and a token budget.
 
 A micro-batch costs memory in proportion to its padded rectangle: rows times the longest
-``prompt + completion`` in it. :func:`pack` cuts the batch, in order, into runs whose
-rectangle stays within ``max_tokens`` and whose row count stays within ``max_rows``.
-Order is kept (not sorted by length) so the rows of a GRPO group, which share their
-prompt, stay together for the shared-prefix forward (:mod:`stages.train.forward`).
-A single sequence longer than the budget gets a micro-batch of its own: a sequence is
-never split.
+``prompt + completion`` in it. :func:`pack` cuts a sequence of rows, in order, into runs
+whose rectangle stays within ``max_tokens`` and whose row count stays within
+``max_rows``. A single sequence longer than the budget gets a micro-batch of its own: a
+sequence is never split.
+
+Which order to cut is :func:`plan`'s choice, by the token slots the forward passes will
+run (:func:`slots`): the batch's own order keeps the rows of a GRPO group, which share
+their prompt, together, so the shared-prefix forward (:mod:`stages.logprobs`) runs each
+prompt once; the rows sorted by length leave almost no padding (the length bucketing of
+Megatron and TRL's padding-free batches), at the price of running each row's prompt.
+Whichever runs fewer slots wins, so long shared prompts keep their groups and varied
+completion lengths get sorted. ``packing_waste`` (:func:`waste`) is the padded share of
+the slots the chosen plan runs.
 
 The gradient of the whole batch is the sum of the micro-batch gradients as long as each
 micro-batch's loss is divided by the whole batch's count (``denominator`` in
@@ -22,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from stages.logprobs import MIN_SHARED, common_prefix
 
 
 def pack(lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None
@@ -48,6 +57,41 @@ def pack(lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None
     if current:
         runs.append(current)
     return runs
+
+
+def plan(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+         max_rows: int, max_tokens: int | None = None, shares_prefix: bool = True
+         ) -> list[list[int]]:
+    """Micro-batches (row indices) of the rows: the batch's order or the rows sorted by
+    length (longest first), whichever runs fewer token :func:`slots`; ties keep the
+    batch's order. ``shares_prefix``: whether the forward runs a common prompt prefix
+    once (off under gradient checkpointing, stages.logprobs)."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    kept = pack(lengths, max_rows=max_rows, max_tokens=max_tokens)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], tuple(prompts[i]), i))
+    by_length = [[order[j] for j in run] for run in
+                 pack([lengths[i] for i in order], max_rows=max_rows, max_tokens=max_tokens)]
+    cost = [sum(slots(prompts, completions, run, shares_prefix)[0] for run in runs)
+            for runs in (kept, by_length)]
+    return by_length if cost[1] < cost[0] else kept
+
+
+def slots(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+          run: Sequence[int], shares_prefix: bool = True) -> tuple[int, int]:
+    """``(slots, real)`` of one micro-batch's forward: the positions it runs (a shared
+    prefix once, then rows x the longest rest) and how many of them hold a token."""
+    k = common_prefix([prompts[i] for i in run]) if shares_prefix and len(run) > 1 else 0
+    k = k if k >= MIN_SHARED else 0
+    rest = [len(prompts[i]) + len(completions[i]) - k for i in run]
+    return k + len(run) * max(rest, default=0), k + sum(rest)
+
+
+def waste(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+          runs: Sequence[Sequence[int]], shares_prefix: bool = True) -> float:
+    """``packing_waste``: padded slots over all slots of the micro-batches ``runs``."""
+    counts = [slots(prompts, completions, run, shares_prefix) for run in runs]
+    total = sum(c[0] for c in counts)
+    return (total - sum(c[1] for c in counts)) / total if total else 0.0
 
 
 def padded(rows: Sequence[np.ndarray | Sequence[float]], width: int, *, fill: float = 0.0,
