@@ -6,14 +6,15 @@ whose rectangle stays within ``max_tokens`` and whose row count stays within
 ``max_rows``. A single sequence longer than the budget gets a micro-batch of its own: a
 sequence is never split.
 
-Which order to cut is :func:`plan`'s choice, by the token slots the forward passes will
-run (:func:`slots`): the batch's own order keeps the rows of a GRPO group, which share
-their prompt, together, so the shared-prefix forward (:mod:`stages.logprobs`) runs each
-prompt once; the rows sorted by length leave almost no padding (the length bucketing of
-Megatron and TRL's padding-free batches), at the price of running each row's prompt.
-Whichever runs fewer slots wins, so long shared prompts keep their groups and varied
-completion lengths get sorted. ``packing_waste`` (:func:`waste`) is the padded share of
-the slots the chosen plan runs.
+The learner's micro-batches are :func:`plan`'s: rows ordered and cut so that the forward
+passes run the fewest token slots (:func:`slots`) plus a fixed cost per micro-batch. A
+GRPO group's rows share their prompt, and the shared-prefix forward
+(:mod:`stages.logprobs`) runs a common prefix once, so keeping a group together saves its
+prompt; sorting rows by length saves padding (the length bucketing of Megatron and TRL's
+padding-free batches). The plan weighs the two: within a group the rows go longest first
+and the group is split where the padding saved is worth another run of its prompt, or
+the rows are sorted across groups, whichever costs less. ``packing_waste``
+(:func:`waste`) is the padded share of the slots the chosen plan runs.
 
 The gradient of the whole batch is the sum of the micro-batch gradients as long as each
 micro-batch's loss is divided by the whole batch's count (``denominator`` in
@@ -59,21 +60,80 @@ def pack(lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None
     return runs
 
 
+MAX_WASTE = 0.05
+"""The padded share of the micro-batch rectangles a plan may leave (issue 33's target)."""
+SLACK = 0.1
+"""How much more a plan within MAX_WASTE may cost than the cheapest and still be chosen."""
+OVERHEAD = {"cpu": 16, "cuda": 1024}
+"""The fixed cost of one more micro-batch (a forward and a backward: kernel launches,
+Python), in token slots, by device type (others: the CPU's); a GPU wants few, big ones."""
+
+
 def plan(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-         max_rows: int, max_tokens: int | None = None, shares_prefix: bool = True
-         ) -> list[list[int]]:
-    """Micro-batches (row indices) of the rows: the batch's order or the rows sorted by
-    length (longest first), whichever runs fewer token :func:`slots`; ties keep the
-    batch's order. ``shares_prefix``: whether the forward runs a common prompt prefix
-    once (off under gradient checkpointing, stages.logprobs)."""
+         max_rows: int, max_tokens: int | None = None, shares_prefix: bool = True,
+         overhead: int = OVERHEAD["cpu"]) -> list[list[int]]:
+    """Micro-batches (row indices) of the rows at the least cost: token :func:`slots`
+    plus ``overhead`` a micro-batch, each within ``max_rows`` rows and a ``max_tokens``
+    rectangle. Two orders are cut optimally (:func:`_cuts`): the batch's groups in turn,
+    each group's rows longest first (a group split in two runs its prompt twice: worth
+    it when that saves more padding), and every row by length, longest first. The
+    cheaper is kept, unless the other costs at most :data:`SLACK` more and leaves at
+    most :data:`MAX_WASTE` padding where the cheaper leaves more: padding holds memory
+    too, and slot counts do not see every cost (a few short prompts saved against a
+    batch of padded rows is a wash). ``shares_prefix``: whether the forward runs a
+    common prompt prefix once (off under gradient checkpointing)."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    kept = pack(lengths, max_rows=max_rows, max_tokens=max_tokens)
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], tuple(prompts[i]), i))
-    by_length = [[order[j] for j in run] for run in
-                 pack([lengths[i] for i in order], max_rows=max_rows, max_tokens=max_tokens)]
-    cost = [sum(slots(prompts, completions, run, shares_prefix)[0] for run in runs)
-            for runs in (kept, by_length)]
-    return by_length if cost[1] < cost[0] else kept
+    first: dict[tuple[int, ...], int] = {}
+    keys = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+    grouped = sorted(range(len(lengths)), key=lambda i: (keys[i], -lengths[i], i))
+    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], keys[i], i))
+    options = sorted(_cuts(order, prompts, lengths, max_rows, max_tokens, shares_prefix,
+                           overhead) for order in (grouped, by_length))
+    tight = [runs for cost, runs in options if cost <= options[0][0] * (1 + SLACK)
+             and waste(prompts, completions, runs) <= MAX_WASTE]
+    return tight[0] if tight else options[0][1]
+
+
+def _cuts(order: list[int], prompts: Sequence[Sequence[int]], lengths: list[int],
+          max_rows: int, max_tokens: int | None, shares_prefix: bool, overhead: int
+          ) -> tuple[int, list[list[int]]]:
+    """``(cost, runs)``: the cheapest cut of ``order`` into consecutive micro-batches
+    (dynamic programming over the last cut; a row longer than the budget goes alone)."""
+    if max_rows < 1:
+        raise ValueError(f"plan: max_rows must be >= 1, got {max_rows!r}")
+    n = len(order)
+    shared = [0] + [_lcp(prompts[order[j - 1]], prompts[order[j]]) for j in range(1, n)]
+    best, back = [0] + [-1] * n, [0] * (n + 1)
+    for end in range(1, n + 1):
+        k, shortest, longest = 1 << 30, 1 << 30, 0
+        for start in range(end - 1, max(end - max_rows, 0) - 1, -1):
+            row = order[start]
+            shortest = min(shortest, len(prompts[row]))
+            longest = max(longest, lengths[row])
+            rows = end - start
+            if rows > 1 and max_tokens is not None and rows * longest > max_tokens:
+                break
+            if start + 1 < end:
+                k = min(k, shared[start + 1])
+            prefix = min(k, shortest - 1) if shares_prefix and rows > 1 else 0
+            prefix = prefix if prefix >= MIN_SHARED else 0
+            cost = best[start] + overhead + prefix + rows * (longest - prefix)
+            if best[end] < 0 or cost < best[end]:
+                best[end], back[end] = cost, start
+    runs, end = [], n
+    while end > 0:
+        runs.append(order[back[end]:end])
+        end = back[end]
+    return best[n], runs[::-1]
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two prompts."""
+    n = min(len(a), len(b))
+    j = 0
+    while j < n and a[j] == b[j]:
+        j += 1
+    return j
 
 
 def slots(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -87,11 +147,14 @@ def slots(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
 
 
 def waste(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-          runs: Sequence[Sequence[int]], shares_prefix: bool = True) -> float:
-    """``packing_waste``: padded slots over all slots of the micro-batches ``runs``."""
-    counts = [slots(prompts, completions, run, shares_prefix) for run in runs]
-    total = sum(c[0] for c in counts)
-    return (total - sum(c[1] for c in counts)) / total if total else 0.0
+          runs: Sequence[Sequence[int]]) -> float:
+    """``packing_waste``: the padded share of the micro-batches' rectangles (rows x the
+    longest ``prompt + completion`` in each), the measure a plain padded loop has too.
+    A shared prefix's saving is not counted here (it is compute saved, not padding)."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    total = sum(len(run) * max(lengths[i] for i in run) for run in runs if run)
+    real = sum(lengths[i] for run in runs for i in run)
+    return (total - real) / total if total else 0.0
 
 
 def padded(rows: Sequence[np.ndarray | Sequence[float]], width: int, *, fill: float = 0.0,

@@ -100,12 +100,20 @@ def scalar(norm: torch.Tensor) -> float:
 def fitted(optimizer: torch.optim.Optimizer, placed: Placement,
            params: list[torch.nn.Parameter], make: Callable[[], torch.optim.Optimizer]
            ) -> tuple[torch.optim.Optimizer, Placement]:
-    """The optimizer for where ``params`` are now (made again by ``make``, with its state,
-    when they moved or changed dtype since ``placed``), its state beside them, and that
-    placement."""
+    """The optimizer for where ``params`` are now, its state beside them, and that
+    placement. Made again by ``make``, with its state, when the weights moved or changed
+    dtype since ``placed``, or are other tensor objects than the ones it holds (a model
+    materialised from the "meta" device, or converted with tensor swapping, gets new
+    parameter objects: an optimizer over the old ones would update orphans)."""
     now = placement(params)
-    if now != placed:
-        optimizer = refit(optimizer, make)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    same = len(held) == len(params) and all(a is b for a, b in zip(held, params))
+    if now != placed or not same:
+        if len(held) != len(params) and optimizer.state:
+            raise ValueError(f"learner: the model now has {len(params)!r} trained tensors "
+                             f"but its optimizer state is for {len(held)!r}; the model "
+                             "was changed (tied or untied weights?) after an update")
+        optimizer = refit(optimizer, make) if len(held) == len(params) else make()
     move_state(optimizer, None)
     return optimizer, now
 

@@ -36,7 +36,7 @@ from stages.train import offpolicy
 from stages.train import work as work_rows
 from stages.train.work import Work
 from stages.train import device as placing
-from stages.train.batching import plan, waste
+from stages.train.batching import OVERHEAD, plan, waste
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.lora import LoraTraining
@@ -146,8 +146,7 @@ class GRPOLearner:
         work = self.prepare(ctx, batch, adv)
         metrics.update(work.metrics)
         metrics["packing_waste"] = waste(work.prompts, work.completions,
-                                         self._micro_batches(work),
-                                         not self.spec.gradient_checkpointing)
+                                         self._micro_batches(work))
         position = ctx.step if ctx is not None else self.updates
         metrics["lr"] = self.spec.lr * lr_factor(position, self.spec.lr_schedule,
                                                  warmup=self.spec.warmup_steps,
@@ -287,7 +286,8 @@ class GRPOLearner:
         idx = list(range(len(work.prompts))) if subset is None else subset
         runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
                     max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
-                    shares_prefix=not self.spec.gradient_checkpointing)
+                    shares_prefix=not self.spec.gradient_checkpointing,
+                    overhead=OVERHEAD.get(self.device.type, OVERHEAD["cpu"]))
         return [[idx[j] for j in run] for run in runs]
 
     def _forward(self, work: Work, part: list[int], *, grad: bool,
