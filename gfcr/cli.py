@@ -76,7 +76,7 @@ def run(
     from gfcr.commands.exits import RunExited
     from gfcr.core.names import UnsafeName
     from gfcr.core.storage import backend
-    from gfcr.launch.flow import RunRequest
+    from gfcr.launch.request import RunRequest
     from gfcr.launch.run import new_run_id
     from gfcr.runner.cancel import RunCancelled
     from gfcr.runner.resume import ResumeError

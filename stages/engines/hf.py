@@ -173,8 +173,8 @@ class HFEngine:
         self._policy = policy
         self._autocast = autocast
         self._max_batch = max_batch
-        self._device = next(policy.model.parameters()).device
-        self._gen = torch.Generator(device=self._device)
+        self._seed = seed
+        self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(seed)
 
     @property
@@ -187,7 +187,23 @@ class HFEngine:
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        """Where the policy's weights are now (read at every use: the model may move)."""
+        return next(self._policy.model.parameters()).device
+
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether the loop calls :meth:`sleep` before the learner's update and
+        :meth:`wake_up` after it (gfcr.core.capabilities.EngineSleep): on a GPU."""
+        return self.device.type == "cuda"
+
+    def sleep(self) -> None:
+        """Give the memory the last decode's KV cache held back to the driver before the
+        learner's update (torch keeps freed blocks cached from other allocators)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        """Nothing to restore: the weights are the learner's, each wave builds its cache."""
 
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)
@@ -230,9 +246,11 @@ class HFEngine:
         t0 = time.perf_counter()
         check_keys(requests)
         seqs = [new_seq(r, params) for r in requests]
+        if self._gen.device != self.device:  # the model moved: a sampler there, reseeded
+            self._gen = torch.Generator(device=self.device).manual_seed(self._seed)
         gen = self._gen
         if params.seed is not None:
-            gen = torch.Generator(device=self._device)
+            gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed)
         todo = [s for s in seqs if s.reason is None]
         at_once = [s.req.key for s in seqs if s.reason is not None]
@@ -253,7 +271,7 @@ class HFEngine:
     def _autocast_ctx(self) -> contextlib.AbstractContextManager:
         if self._autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self._device.type, dtype=self._autocast)
+        return torch.autocast(device_type=self.device.type, dtype=self._autocast)
 
 
 class _Wave:

@@ -11,11 +11,10 @@ reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each o
 micro-batches (:mod:`stages.train.batching`) whose losses are divided by whole-batch counts
 so the accumulated gradient is the full-batch gradient.
 
-Where it runs is the model's business: the device and dtype are read from the trained
-weights at every update, never kept from the build (:mod:`stages.train.device`), because
-the engine places the model after the learner exists. Inside the micro-batch loop nothing
-waits for the device: losses and statistics stay tensors until the update ends, and
-the counts they are weighted by are known on the host.
+The device and dtype are read from the trained weights at every update, never kept from
+the build (:mod:`stages.train.device`): the engine places the model after the learner
+exists. Inside the micro-batch loop nothing waits for the device: losses and statistics
+stay tensors until the update ends (their weights are counted on the host).
 """
 
 from __future__ import annotations
@@ -133,6 +132,7 @@ class GRPOLearner:
         self._place()
         with PeakMemory(self.device) as peak:
             result = self._update(ctx, batch)
+        self.optimizer.zero_grad(set_to_none=True)  # memory for the engine until the next
         if self.spec.offload_optimizer:
             placing.move_state(self.optimizer, torch.device("cpu"))
         result.metrics.update(peak.metrics())
