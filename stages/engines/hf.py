@@ -218,8 +218,9 @@ class HFEngine:
     def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
                         temperature: float) -> list[float]:
         """Teacher-forced logprobs of ``ids`` at this engine's weights (the
-        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`)."""
-        return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
+        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`), in its dtype."""
+        with self._autocast_ctx():
+            return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
 
     def get_rng_state(self) -> torch.Tensor:
         """State of the sampling generator used when ``SamplingParams.seed`` is None;
