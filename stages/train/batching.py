@@ -98,33 +98,35 @@ def _cuts(order: list[int], prompts: Sequence[Sequence[int]], lengths: list[int]
           max_rows: int, max_tokens: int | None, shares_prefix: bool, overhead: int
           ) -> tuple[int, list[list[int]]]:
     """``(cost, runs)``: the cheapest cut of ``order`` into consecutive micro-batches
-    (dynamic programming over the last cut; a row longer than the budget goes alone)."""
+    (dynamic programming over the last cut, each end's candidates at once in numpy; a
+    row longer than the budget goes alone; ties: the shorter last micro-batch)."""
     if max_rows < 1:
         raise ValueError(f"plan: max_rows must be >= 1, got {max_rows!r}")
     n = len(order)
-    shared = [0] + [_lcp(prompts[order[j - 1]], prompts[order[j]]) for j in range(1, n)]
-    best, back = [0] + [-1] * n, [0] * (n + 1)
+    total = np.asarray([lengths[i] for i in order], dtype=np.int64)
+    prompt = np.asarray([len(prompts[i]) for i in order], dtype=np.int64)
+    shared = np.asarray([0] + [_lcp(prompts[order[j - 1]], prompts[order[j]])
+                               for j in range(1, n)], dtype=np.int64)
+    best, back = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
     for end in range(1, n + 1):
-        k, shortest, longest = 1 << 30, 1 << 30, 0
-        for start in range(end - 1, max(end - max_rows, 0) - 1, -1):
-            row = order[start]
-            shortest = min(shortest, len(prompts[row]))
-            longest = max(longest, lengths[row])
-            rows = end - start
-            if rows > 1 and max_tokens is not None and rows * longest > max_tokens:
-                break
-            if start + 1 < end:
-                k = min(k, shared[start + 1])
-            prefix = min(k, shortest - 1) if shares_prefix and rows > 1 else 0
-            prefix = prefix if prefix >= MIN_SHARED else 0
-            cost = best[start] + overhead + prefix + rows * (longest - prefix)
-            if best[end] < 0 or cost < best[end]:
-                best[end], back[end] = cost, start
+        lo = max(end - max_rows, 0)
+        rows = end - np.arange(lo, end)
+        longest = np.maximum.accumulate(total[lo:end][::-1])[::-1]
+        # the prefix rows start..end-1 share: the least lcp of neighbours, below each prompt
+        k = np.full(end - lo, 1 << 30, dtype=np.int64)
+        k[:-1] = np.minimum.accumulate(shared[lo + 1:end][::-1])[::-1]
+        prefix = np.minimum(k, np.minimum.accumulate(prompt[lo:end][::-1])[::-1] - 1)
+        prefix = np.where((prefix >= MIN_SHARED) & (rows > 1) & shares_prefix, prefix, 0)
+        cost = best[lo:end] + overhead + prefix + rows * (longest - prefix)
+        if max_tokens is not None:
+            cost = np.where((rows > 1) & (rows * longest > max_tokens), np.inf, cost)
+        pick = len(cost) - 1 - int(np.argmin(cost[::-1]))
+        best[end], back[end] = cost[pick], lo + pick
     runs, end = [], n
     while end > 0:
-        runs.append(order[back[end]:end])
-        end = back[end]
-    return best[n], runs[::-1]
+        runs.append(order[int(back[end]):end])
+        end = int(back[end])
+    return int(best[n]), runs[::-1]
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:

@@ -97,9 +97,8 @@ class GRPOLearner:
 
     @property
     def device(self) -> torch.device:
-        """Where the forward passes run: the policy's weights' device, read at every use
-        (the engine may move the model after the learner exists), unless a sharded
-        learner pinned its compute device (stages.train.fsdp_rank: offloaded shards)."""
+        """The policy's weights' device, read at every use (the engine may move the
+        model), unless a sharded learner pinned its compute device (offloaded shards)."""
         if self._pinned is not None:
             return self._pinned
         return placing.placement(self.policy.model.parameters())[0]
@@ -114,8 +113,7 @@ class GRPOLearner:
         return lora.parameters() if lora else list(self.policy.model.parameters())
 
     def _place(self) -> None:
-        """Fit the update to where the model is now: bf16 checked on its device, the
-        optimizer fitted (stages.train.device.fitted), the KL reference moved beside it."""
+        """Fit the update to where the model is now (bf16, optimizer, KL reference)."""
         problem = bf16_problem(self.device) if self.spec.precision == "bf16" else None
         if problem:
             raise ValueError(f"stage {self.spec.label!r}: precision='bf16': {problem}")
@@ -284,11 +282,13 @@ class GRPOLearner:
 
     def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
         idx = list(range(len(work.prompts))) if subset is None else subset
-        runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
-                    max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
-                    shares_prefix=not self.spec.gradient_checkpointing,
-                    overhead=OVERHEAD.get(self.device.type, OVERHEAD["cpu"]))
-        return [[idx[j] for j in run] for run in runs]
+        if tuple(idx) not in work.plans:  # one plan per update and subset of rows
+            runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
+                        max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
+                        shares_prefix=not self.spec.gradient_checkpointing,
+                        overhead=OVERHEAD.get(self.device.type, OVERHEAD["cpu"]))
+            work.plans[tuple(idx)] = [[idx[j] for j in run] for run in runs]
+        return work.plans[tuple(idx)]
 
     def _forward(self, work: Work, part: list[int], *, grad: bool,
                  entropy: bool | None = None, model: Any = None

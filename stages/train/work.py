@@ -35,6 +35,8 @@ class Work:
     """Per-token advantages (per-turn credit, stages.train.masks.token_advantages); None:
     ``adv``, one per row."""
     metrics: dict[str, float] = field(default_factory=dict)
+    plans: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
+    """Micro-batches already planned, by the rows they cut (stages.train.batching.plan)."""
 
 
 def rewards(batch: pa.Table, label: str) -> np.ndarray:
