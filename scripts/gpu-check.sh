@@ -67,7 +67,7 @@ device() {
     --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
   echo "pytest rc=$?"; tail -3 "$OUT/gpu-tests.log"
   echo "=== bench/learner_speed.py (bf16, ~0.5B) at $((SECONDS - T0))s"
-  timeout "$(left 90 60)" python3 bench/learner_speed.py --json --size gpu --precision bf16 \
+  timeout "$(left 90 60)" python3 bench/learner_speed.py --json --size gpu --precision bf16 --micro 64 \
     > "$OUT/learner_speed.json" 2> "$OUT/learner_speed.log"
   echo "learner_speed rc=$?"; cat "$OUT/learner_speed.json"
   echo "=== bench/gpu_step.py (colocated HF + learner) at $((SECONDS - T0))s"
