@@ -12,7 +12,7 @@ Measured in one run on this machine (two real vLLM CPU servers started with
   process's CPU per request when 64 go out at once (``time.process_time``: the servers
   are other processes);
 - each version's publication (FileSync, run side) and the fleet's reload (every server's
-  ``collective_rpc`` load, prefix-cache reset and relabel, concurrently);
+  checked load through gfcr's gate, prefix-cache reset and relabel, concurrently);
 - a DuckLake step commit.
 
 Then the discrete-event model (:mod:`bench._scale_model`) of 1 to 64 GPU servers and one
@@ -56,11 +56,12 @@ def _pipeline(steps: int) -> Any:
                 GRPO(lr=1e-2)]).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
 
 
-def _run(root: Path, steps: int, urls: tuple[str, ...] | None) -> dict[str, Any]:
+def _run(root: Path, steps: int, urls: tuple[str, ...] | None,
+         key: Path | None = None) -> dict[str, Any]:
     from gfcr import execute
     from gfcr.transport.fleet import Fleet
 
-    fleet = Fleet(urls=urls) if urls else None
+    fleet = Fleet(urls=urls, key_file=str(key) if key else None) if urls else None
     summary = execute(_pipeline(steps), root=root, executor="local", fleet=fleet)
     steady = summary.history[1:]
     rows = summary.rollouts * len(steady) / len(summary.history)
@@ -74,12 +75,12 @@ def _run(root: Path, steps: int, urls: tuple[str, ...] | None) -> dict[str, Any]
     return out
 
 
-def _dispatch(url: str, serial: int = 20, burst: int = 64) -> dict[str, float]:
+def _dispatch(url: str, key: bytes, serial: int = 20, burst: int = 64) -> dict[str, float]:
     """A one-token request's round trip (median of ``serial``), and the run process's
     CPU per request for ``burst`` sent at once."""
     from stages.engines._fleet_client import Server
 
-    server = Server(url, timeout_s=120)
+    server = Server(url, timeout_s=120, key=key)
     sampling = {"temperature": 1.0, "max_tokens": 1, "logprobs": 0}
     server.generate("warm", [5, 6, 7], sampling)
     walls = []
@@ -121,6 +122,7 @@ def _commit_s(root: Path, repeats: int = 5) -> float:
 
 
 def measure(steps: int) -> dict[str, Any]:
+    from gfcr.transport.remote.keys import new_key
     from stages.engines._vllm_run import save_policy
     from tests.resources import fleet
     from tests.resources.vllm import VLLM_POLICY
@@ -132,14 +134,16 @@ def measure(steps: int) -> dict[str, Any]:
         gc.collect()  # its vLLM goes before the servers start
         save_policy(VLLM_POLICY.build(seed=0), work / "model")
         started = time.perf_counter()
-        servers = [fleet.start(work / "model", work / f"server-{i}.log") for i in range(2)]
+        key = new_key(work / "fleet.key")
+        servers = [fleet.start(work / "model", work / f"server-{i}.log", key, work)
+                   for i in range(2)]
         try:
             fleet.wait_healthy(servers)
             results["server_start_s"] = time.perf_counter() - started
             urls = tuple(s.url for s in servers)
-            results["fleet2"] = _run(work / "fleet2", steps, urls)
-            results["fleet1"] = _run(work / "fleet1", steps, urls[:1])
-            results.update(_dispatch(urls[0]))
+            results["fleet2"] = _run(work / "fleet2", steps, urls, key)
+            results["fleet1"] = _run(work / "fleet1", steps, urls[:1], key)
+            results.update(_dispatch(urls[0], servers[0].key()))
         finally:
             for server in servers:
                 server.kill()

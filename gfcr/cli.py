@@ -65,21 +65,18 @@ def run(
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
-    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET),
+    fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET,
+                                    callback=cli_workers.checked_fleet),
+    ui: bool = typer.Option(False, "--ui", help="Serve `gfcr ui` on the run's store beside it "
+                            "(127.0.0.1, --ui-port) and print its URL."),
+    ui_port: int = typer.Option(8765, min=0, max=65535, help="Port of --ui (0: any free one)."),
 ) -> None:
     """Run a pipeline (the embedded default if none is named), or resume a run.
 
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
-    from gfcr.commands import run as cli_run
-    from gfcr.commands.errors import explain
-    from gfcr.commands.exits import RunExited
-    from gfcr.core.names import UnsafeName
-    from gfcr.core.storage import backend
     from gfcr.launch.request import RunRequest
     from gfcr.launch.run import new_run_id
-    from gfcr.runner.cancel import RunCancelled
-    from gfcr.runner.resume import ResumeError
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
@@ -89,8 +86,39 @@ def run(
                          score_pool=score_pool, fleet=fleet)
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
+    viewer = _start_ui(store or root / "store", ui_port, str(request.run_id)) if ui else None
     try:
-        summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        summary, warned = _execute(request, executor, bars, root, store, track)
+    finally:
+        if viewer is not None:
+            viewer.shutdown()
+            viewer.server_close()
+    if as_json:
+        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
+        print(json.dumps(data, default=str))
+    else:
+        _print_summary(summary)
+        if warned.note():
+            err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
+
+
+def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional[str],
+             track: bool) -> tuple[Any, Any]:
+    """Run ``request``; its summary and where its library warnings went (a log file under
+    ROOT/runs/RUN_ID, not the terminal). A failure ends the command with its message."""
+    from gfcr.commands import run as cli_run
+    from gfcr.commands.errors import explain
+    from gfcr.commands.exits import RunExited
+    from gfcr.commands.warnings_log import warnings_to_log
+    from gfcr.core.names import UnsafeName
+    from gfcr.core.storage import backend
+    from gfcr.runner.cancel import RunCancelled
+    from gfcr.runner.resume import ResumeError
+
+    try:
+        with warnings_to_log(root.resolve() / "runs" / str(request.run_id) / "warnings.log") as warned:
+            summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        return summary, warned
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -103,11 +131,16 @@ def run(
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
-    if as_json:
-        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
-        print(json.dumps(data, default=str))
-    else:
-        _print_summary(summary)
+
+
+def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
+    """``gfcr run --ui``: the UI server on the run's store, in a thread; its URL printed.
+    The store is created by the run, so the server opens it on its first page."""
+    from gfcr.commands.ui import start
+
+    server = start(where, "127.0.0.1", port, thread=True)
+    err.print(f"gfcr ui: {server.url}runs/{run_id}", markup=False, highlight=False, soft_wrap=True)
+    return server
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
@@ -249,13 +282,22 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple[str, str]]:
+    """Held-out accuracy of a run's summary, each phase credited its own share: the warm
+    start's (before -> after it) and GRPO's (after the warm start -> the end)."""
+    def share(a: float, b: float) -> str:
+        return f"{a:.1%} -> {b:.1%} ({100 * (b - a):+.1f} points)"
+    if warm is None:
+        return [("held-out accuracy", share(before, after))]
+    return [("held-out accuracy", f"{before:.1%} -> {after:.1%}"),
+            ("  warm start's share", share(before, warm)),
+            ("  GRPO's share", share(warm, after))]
+
+
 def _print_summary(s: Any) -> None:
     view = Table(title=f"run {s.run_id}", show_header=False)
-    gain = 100 * (s.accuracy_after - s.accuracy_before)
-    stages = (f"{s.accuracy_before:.1%} -> {s.accuracy_warmstart:.1%} (warm start) -> "
-              if s.accuracy_warmstart is not None else f"{s.accuracy_before:.1%} -> ")
     for key, value in [
-        ("held-out accuracy", f"{stages}{s.accuracy_after:.1%} ({gain:+.1f} points)"),
+        *accuracy_rows(s.accuracy_before, s.accuracy_warmstart, s.accuracy_after),
         ("rollouts stored", str(s.rollouts)), ("steps", str(s.steps)),
         ("seconds", f"{s.seconds:.0f}"), ("store", s.store), ("mlflow", str(s.mlflow)),
     ]:
@@ -268,6 +310,14 @@ def _print_summary(s: Any) -> None:
 from gfcr.commands import report as cli_report  # noqa: E402 (report, doctor; sql --duckdb)
 
 cli_report.register(app)
+
+
+def _register_ui() -> None:
+    from gfcr.commands.ui import ui
+    app.command("ui")(ui)
+
+
+_register_ui()
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from gfcr.core.storage import StoreBackend
 
 from ._guard import ReadOnlyError
+from .browse import BrowseReads
 from ._location import StoreError, resolve
 from .history import History
 from .lake import RolloutStore
@@ -44,6 +45,9 @@ class LakeBackend:
 
     def reads(self, store: RolloutStore) -> RunReads:
         return RunReads(store)
+
+    def browse(self, store: RolloutStore) -> BrowseReads:
+        return BrowseReads(store)
 
     def compact(self, store: RolloutStore) -> CompactResult:
         return compact(store)

@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from gfcr.core.rollout import TURNS_TYPE
+
 from .lake import RolloutStore
 from .run_views import CHAT_PICKS, EPISODE_FIGURES, LOOP_ERROR, RUN_VIEWS
 
@@ -99,6 +101,10 @@ class RunReads:
         return {**figures, "loop_error": loop[0] if loop else None}
 
     def chat_samples(self, run_id: str, n: int) -> pa.Table:
+        if "turns" not in self.rollout_columns():  # a store older than turns: single-turn rows
+            return pa.table({"rollout_id": pa.array([], pa.string()), "step": pa.array([], pa.int64()),
+                             "prompt": pa.array([], pa.string()), "reward": pa.array([], pa.float64()),
+                             "turns": pa.array([], TURNS_TYPE), "kind": pa.array([], pa.string())})
         picked = self.store.sql(CHAT_PICKS, {"run": run_id, "n": int(n)}).to_pylist()
         kinds = {r["rollout_id"]: r["kind"] for r in picked}
         rows = self.store.sql(

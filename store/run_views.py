@@ -24,6 +24,8 @@ protocol in gfcr.core.storage; ``store.reads`` implements it) and holds no SQL i
 - ``score_errors``: the three commonest scorer failures (quoted values masked).
 - ``prompt_coverage``: prompts sampled, attempted, attempted twice and never solved, and
   the draws (steps attempted, summed over prompts).
+- ``turn_figures``: per number of policy turns in an episode (fresh rows), the episodes,
+  their success share (reward >= 1) and the policy's own tokens (the ``turns`` view).
 
 Two reads of multi-turn episodes depend on a column only multi-turn stages write
 (``episode_end``), so they are templates the reads fill (``store.reads``):
@@ -172,6 +174,16 @@ FROM m GROUP BY kind ORDER BY kind LIMIT $n
 """
 """One multi-turn row per kind (right, wrong, tool error, unscored), each the latest."""
 
+_TURN_FIGURES = """
+WITH t AS (SELECT rollout_id, count_if(source = 'policy') AS policy_turns,
+                  sum(CASE WHEN source = 'policy' THEN n_tokens ELSE 0 END) AS policy_tokens
+           FROM turns WHERE run_id = $run GROUP BY rollout_id),
+r AS (SELECT rollout_id, reward FROM rollouts WHERE run_id = $run AND replay_count = 0)
+SELECT policy_turns, count(*) AS episodes, avg((reward >= 1)::INT) AS success,
+       sum(policy_tokens)::BIGINT AS policy_tokens
+FROM t JOIN r USING (rollout_id) GROUP BY policy_turns ORDER BY policy_turns
+"""
+
 RUN_VIEWS: dict[str, str] = {
     "report_steps": _REPORT_STEPS,
     "drops": _DROPS,
@@ -181,5 +193,6 @@ RUN_VIEWS: dict[str, str] = {
     "repeated_wrong": _REPEATED_WRONG,
     "score_errors": _SCORE_ERRORS,
     "prompt_coverage": _PROMPT_COVERAGE,
+    "turn_figures": _TURN_FIGURES,
 }
 """Per-run view name -> its SQL (one parameter, ``$run``)."""

@@ -76,4 +76,4 @@ def fleet_servers(tmp_path_factory: pytest.TempPathFactory):
     from tests.resources.vllm import vllm_engine_spec
 
     vllm_engine_spec()
-    yield from fleet.pool(tmp_path_factory.mktemp("fleet"))
+    yield from fleet.pool(tmp_path_factory.mktemp("fleet"), tmp_path_factory.getbasetemp())

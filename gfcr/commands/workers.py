@@ -13,7 +13,8 @@ POOL_TIMEOUT = ("With --fleet: each request's deadline; with --score-pool: fail 
 SCORE = ("Run the scoring filter stages (Verify, ...) on the workers of POOL "
          "(gfcr engine-worker).")
 FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
-         "for a fleet); --generate-timeout is each request's deadline.")
+         "for a fleet; its key: the file GFCR_FLEET_KEY_FILE names); --generate-timeout "
+         "is each request's deadline.")
 """``gfcr run``'s help for its score-pool and fleet options."""
 
 
@@ -25,6 +26,21 @@ def removed_generate_pool(pool: Optional[str]) -> Optional[str]:
 
         raise typer.BadParameter(REMOVED)
     return pool
+
+
+def checked_fleet(urls: list[str]) -> list[str]:
+    """``gfcr run --fleet``'s callback: the URLs and the fleet's key file checked before
+    any work (a bad one is a usage error, exit code 2)."""
+    if not urls:
+        return urls
+    from gfcr.transport.fleet import check_urls
+    from gfcr.transport.fleet_gate import fleet_key
+
+    try:
+        fleet_key(None)
+        return list(check_urls(urls))
+    except ValueError as e:
+        raise typer.BadParameter(str(e))
 
 
 GENERATE_POOL: Any = typer.Option(None, metavar="POOL", help=POOL, hidden=True,
@@ -81,16 +97,31 @@ def engine_serve(
     model: str = typer.Option(..., "--model", metavar="DIR",
                               help="The model folder (config.json and safetensors)."),
     port: int = typer.Option(8000, "--port"),
-    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other hosts."),
+    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other hosts "
+                                                       "(needs --key-file)."),
     dtype: str = typer.Option("float32", "--dtype", help="The engine's dtype (the "
                                                          "pipeline's engine.dtype)."),
     seed: int = typer.Option(0, "--seed"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+    key_file: Optional[str] = typer.Option(None, "--key-file", metavar="PATH",
+                                           help="The fleet's key (owner-only file; runs "
+                                                "send it); default: the file "
+                                                "GFCR_FLEET_KEY_FILE names."),
+    weights_root: Optional[str] = typer.Option(None, "--weights-root", metavar="DIR",
+                                               help="Load weights only from published "
+                                                    "versions under DIR (default "
+                                                    ".gfcr/weights)."),
 ) -> None:
     """Run vLLM's own OpenAI-compatible server with what a gfcr fleet needs (token ids
-    in and out, gfcr's logprob convention, weights loaded by version; gfcr.transport.fleet_serve).
-    Options after the known ones go to vLLM as they are (e.g. --kv-cache-memory-bytes)."""
+    in and out, gfcr's logprob convention, weights loaded by version, every route but
+    /health behind the fleet's key; gfcr.transport.fleet_serve). Options after the known
+    ones go to vLLM as they are (e.g. --kv-cache-memory-bytes)."""
     from gfcr.transport.fleet_serve import exec_server
 
-    exec_server(model, port=port, host=host, dtype=dtype, seed=seed,
-                max_model_len=max_model_len, extra=tuple(ctx.args))
+    try:
+        exec_server(model, port=port, host=host, dtype=dtype, seed=seed,
+                    max_model_len=max_model_len, extra=tuple(ctx.args), key_file=key_file,
+                    weights_root=weights_root)
+    except ValueError as e:  # NoKey, KeyProblem: refused before vLLM starts
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)

@@ -24,6 +24,7 @@ the capability, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from gfcr.core.stage import OnSegment, StageSpec
@@ -38,6 +39,16 @@ class EngineSpec(Protocol):
     capabilities: ClassVar[frozenset[str]]
 
     def build(self, policy: Any, *, seed: int) -> Any: ...
+
+
+@runtime_checkable
+class DecodesTokens(Protocol):
+    """A policy's config that can turn its token ids back into text without building the
+    model (its tokenizer alone, from local files): how ``gfcr report`` and ``gfcr ui`` show
+    every stored turn as text. ``decoder`` returns None where the tokenizer's files are not
+    on this machine."""
+
+    def decoder(self) -> Callable[[Sequence[int]], str] | None: ...
 
 
 def needs(stage: StageSpec) -> frozenset[str]:
@@ -129,10 +140,11 @@ class WeightsDtype(Protocol):
 class EngineFleet(Protocol):
     """Optional on an engine config: its engine also runs as a fleet of servers
     (gfcr.transport.fleet.Fleet): ``fleet`` returns an engine over the servers at ``urls`` that
-    also loads published weight versions (``load(folder, version, ident)``)."""
+    also loads published weight versions (``load(folder, version, ident)``), sending the
+    fleet's ``key`` with every call (None: servers without one, on loopback)."""
 
     def fleet(self, policy: Any, urls: list[str], *, timeout_s: float, attempts: int,
-              notify: Any) -> Any: ...
+              notify: Any, key: bytes | None = None) -> Any: ...
 
 
 @runtime_checkable

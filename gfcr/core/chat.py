@@ -37,17 +37,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from gfcr.core.chattext import template_ids
 from gfcr.core.engine import Tokenizer, stop_token_ids
 from gfcr.core.environment import Message, Tool
 
 
 @runtime_checkable
 class RendersChat(Protocol):
-    """A tokenizer with a chat template: ``chat`` says whether prompts go through it."""
+    """A tokenizer with a chat template: ``chat`` says whether prompts go through it.
+    ``encode`` reads text as text (no special ids from it); ``encode_template`` reads the
+    template's markup, its special strings (``specials``) as their ids
+    (:mod:`gfcr.core.chattext`)."""
 
     chat: bool
+    @property
+    def specials(self) -> tuple[str, ...]: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_template(self, text: str) -> list[int]: ...
 
     def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                     add_generation_prompt: bool) -> str: ...
@@ -127,20 +135,15 @@ class TemplateFormat:
         self._base, self._closing = base, base[at + len(STAND_IN[1]["content"]):]
 
     def first(self, messages: list[Message], tools: list[Tool]) -> list[int]:
-        text = self.tokenizer.render_chat([m.as_dict() for m in messages],
-                                          tools=[t.as_dict() for t in tools] or None,
-                                          add_generation_prompt=True)
-        return list(self.tokenizer.encode(text))
+        def render(ms: list[dict[str, Any]], ts: list[dict[str, Any]] | None) -> str:
+            return self.tokenizer.render_chat(ms, tools=ts, add_generation_prompt=True)
+
+        return template_ids(self.tokenizer, render, [m.as_dict() for m in messages],
+                            [t.as_dict() for t in tools] or None)
 
     def delta(self, messages: list[Message], closed: bool) -> list[int]:
-        full = self.tokenizer.render_chat(STAND_IN + [m.as_dict() for m in messages],
-                                          tools=None, add_generation_prompt=True)
-        if not full.startswith(self._base):
-            raise ValueError("the chat template renders a longer conversation differently "
-                             "from the start of a shorter one (it rewrites earlier turns); "
-                             "turns cannot be appended as ids: use a template that only "
-                             "appends")
-        ids = list(self.tokenizer.encode(self._closing + full[len(self._base):]))
+        ids = template_ids(self.tokenizer, self._after_stand_in,
+                           [m.as_dict() for m in messages], None)
         if not closed:
             return ids
         if not ids or ids[0] not in self.ends:
@@ -148,6 +151,19 @@ class TemplateFormat:
                              f"{self._closing!r}, which does not start with a token the "
                              f"policy stops at ({sorted(self.ends)})")
         return ids[1:]
+
+    def _after_stand_in(self, messages: list[dict[str, Any]],
+                        tools: list[dict[str, Any]] | None) -> str:
+        """The text the template adds after :data:`STAND_IN`'s assistant content when
+        ``messages`` follow it (the template's closing of that turn first)."""
+        full = self.tokenizer.render_chat(STAND_IN + messages, tools=tools,
+                                          add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError("the chat template renders a longer conversation differently "
+                             "from the start of a shorter one (it rewrites earlier turns); "
+                             "turns cannot be appended as ids: use a template that only "
+                             "appends")
+        return self._closing + full[len(self._base):]
 
 
 def chat_format(tokenizer: Tokenizer) -> ChatFormat:

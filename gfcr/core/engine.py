@@ -70,6 +70,17 @@ class GenRequest:
     process ignores it."""
 
 
+class RequestRefused(ValueError):
+    """An engine refused one request of a call for what the request itself holds (a
+    prompt longer than a server's context: an HTTP 4xx): ``key`` names it, so a caller
+    serving many clients in one call (gfcr's agent endpoint) fails that request alone
+    and generates the others again without it."""
+
+    def __init__(self, key: int, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 @dataclass
 class GenOutput:
     """A finished (or stopped) sequence. ``completion_ids`` includes the prefix."""

@@ -54,7 +54,7 @@ class RewardRange(Spec):
 
 class LearnerPlacement(Spec):
     """Where the train stage's learner runs: in the run's process (``ranks=0``, the
-    default), or sharded with FSDP2 over ``ranks`` processes that torchrun starts beside
+    default), or sharded with FSDP2 over ``ranks`` processes started beside
     it (gfcr.transport.sharded): each holds a shard of the weights, gradients and optimizer state,
     so a policy too large for one device trains on several. The losses mean the same in
     both (stages.train.ranks)."""

@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 
+from gfcr.core.browse import BrowseReads
 from gfcr.core.row_filter import EVERY_ROW, Order, RowFilter
 
 
@@ -123,7 +124,7 @@ class HeldLease(Protocol):
 
 
 RunView = Literal["report_steps", "drops", "pass_bins", "group_facts", "partial_credit",
-                  "repeated_wrong", "score_errors", "prompt_coverage"]
+                  "repeated_wrong", "score_errors", "prompt_coverage", "turn_figures"]
 """The per-run views a store serves (``store.run_views`` defines them)."""
 
 
@@ -210,6 +211,10 @@ class StoreBackend(Protocol):
 
     def reads(self, store: Any) -> RunReads:
         """The named reads of the open ``store``'s runs."""
+        ...
+
+    def browse(self, store: Any) -> BrowseReads:
+        """The reads a live view (``gfcr ui``) makes of the open ``store``."""
         ...
 
     def compact(self, store: Any) -> Any: ...

@@ -85,32 +85,56 @@ def prompts(f: Facts) -> list[Finding]:
 def policy_step(f: Facts) -> list[Finding]:
     """Per-step movement of the policy: the change of the sampled-token NLL between
     consecutive steps (nats/token) where it is at least Z_MIN standard errors (of the
-    steps' per-row NLL means), and the learner's approx KL where it logs one."""
+    steps' per-row NLL means), and the learner's approx KL where it logs one.
+
+    The NLL change is an indirect measure: consecutive steps sample different prompts,
+    and with few rows a step's standard error is itself a rough estimate (heavy-tailed
+    per-row NLLs), so a serious jump must stand out by more standard errors the fewer
+    rows it rests on (:func:`z_needed`); the finding says how many it is and over how
+    many rows. An approx KL of ~0 does not clear a step: with one update per batch the
+    learner measures it before its update (the smol run's 0.000)."""
     steps, nll, se = f.run.steps, f.run.get("store/sampled_nll"), f.run.get("store/sampled_nll_se")
-    jumps = [(abs(nll[i] - nll[i - 1]), steps[i - 1], steps[i]) for i in range(1, len(steps))
-             if math.isfinite(nll[i]) and math.isfinite(nll[i - 1])
-             and abs(nll[i] - nll[i - 1]) >= Z_MIN * math.hypot(_finite(se[i]), _finite(se[i - 1]))]
+    rows = f.run.get("store/rows")
+    jumps = []
+    for i in range(1, len(steps)):
+        if math.isfinite(nll[i]) and math.isfinite(nll[i - 1]):
+            size, spread = abs(nll[i] - nll[i - 1]), math.hypot(_finite(se[i]), _finite(se[i - 1]))
+            z = size / spread if spread > 0 else math.inf
+            n = min(_finite(rows[i]), _finite(rows[i - 1]))
+            if z >= Z_MIN:
+                jumps.append((size, steps[i - 1], steps[i], z, n))
     kl, span = _window(steps, f.run.get("train/approx_kl"), "all")
-    jump = max(jumps, default=(0.0, steps[0], steps[0]))
-    if jump[0] >= 0.5 or (math.isfinite(kl) and kl > 0.2):
+    jump = max(jumps, default=(0.0, steps[0], steps[0], 0.0, 0.0))
+    if (jump[0] >= 0.5 and jump[3] >= z_needed(jump[4])) or (math.isfinite(kl) and kl > 0.2):
         severity: Severity = "serious"
     elif jump[0] >= 0.25 or (math.isfinite(kl) and kl > 0.05):
         severity = "warning"
     else:
         return []
-    kl_text = f"; learner approx KL mean {kl:.3f}" if math.isfinite(kl) else ""
+    evidence = (f"sampled-token NLL moved {jump[0]:.2f} nats/token between steps {jump[1]} and "
+                f"{jump[2]}: {jump[3]:.1f} standard errors over {jump[4]:.0f} rows a step (a serious "
+                f"jump there needs {z_needed(jump[4]):.1f})" if jumps else "no NLL jump beyond noise")
+    kl_text = f"; learner approx KL mean {kl:.3g}" if math.isfinite(kl) else ""
     return [Finding(
-        "policy_step", severity, "the policy moves too far per step",
-        f"sampled-token NLL moved {jump[0]:.2f} nats/token between steps {jump[1]} and {jump[2]}"
-        + kl_text, f"serious: a step-to-step NLL change >= 0.5 nats/token (and >= {Z_MIN:g} "
-        "standard errors) or approx KL > 0.2; warning: >= 0.25 or > 0.05",
+        "policy_step", severity, "the policy moves too far per step", evidence + kl_text,
+        f"serious: a step-to-step NLL change >= 0.5 nats/token of at least {Z_MIN:g} standard "
+        f"errors ({Z_MIN:g} x sqrt({MIN_ROWS}/rows) below {MIN_ROWS} rows a step), or approx KL "
+        f"> 0.2; warning: >= 0.25 (>= {Z_MIN:g} standard errors) or approx KL > 0.05",
         "the learning rate is too large for the trust region: lower lr, add warmup "
         "(warmup_steps), tighten max_grad_norm, or add a KL penalty (kl_coef)",
-        (jump[1], jump[2]), {"nll_jump": jump[0], "approx_kl_mean": kl})]
+        (jump[1], jump[2]), {"nll_jump": jump[0], "z": jump[3], "rows": jump[4], "approx_kl_mean": kl})]
 
 
 Z_MIN = 3.0
 """A step-to-step NLL change smaller than this many standard errors is sampling noise."""
+MIN_ROWS = 64
+"""Rows a step from which Z_MIN standard errors suffice for a serious jump."""
+
+
+def z_needed(rows: float) -> float:
+    """Standard errors a serious NLL jump needs over ``rows`` rows a step: Z_MIN, scaled
+    by sqrt(MIN_ROWS / rows) below MIN_ROWS (16 rows: 6; 32: 4.2)."""
+    return Z_MIN * math.sqrt(MIN_ROWS / max(1.0, min(rows, MIN_ROWS)))
 
 
 def _finite(v: float) -> float:

@@ -21,6 +21,7 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -256,16 +257,14 @@ def _rebuild_base(run: _Run) -> None:
 
 def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> None:
     """One step, then a checkpoint when one is due. A replayed step (committed before a
-    resume) runs without committing and is checked against the store instead."""
+    resume) runs without committing, and trains on the rows the store holds for it
+    (gfcr.runner.resume.stored_batch)."""
     p, ev = run.pipeline, run.pipeline.evaluation
     run.owned()
-    rt = replace(run.rt, record=run.rt.record.replaying()) if replayed else run.rt
+    rt = replace(run.rt, record=run.rt.record.replaying(
+        partial(resume.stored_batch, run.store, run.run_id))) if replayed else run.rt
     report: StepReport = run_step(rt, run.run_id, step, run.call)
-    if replayed and report.rollouts is not None:
-        table = run.rt.stash.get(report.rollouts)
-        report.metrics["resume/replay_mismatch"] = float(
-            resume.replay_mismatch(run.store, run.run_id, step, table))
-    elif ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
+    if not replayed and ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
         report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
     progress["history"].append(report.metrics)
     # step - 1's commit is done: this step handed its own over only after it (or, a

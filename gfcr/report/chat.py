@@ -3,9 +3,9 @@
 A bubble names the turn's role and source (the environment, the policy, a tool, a forced
 prefix), the tool and its error, the turn's reward, its token count and how many of its
 tokens are in the loss, and its behaviour logprob sum. The store keeps token ids, not
-text per turn, so a bubble shows the first turn's text (the row's ``prompt``) and the
-later turns' ids, with ids out of the loss struck through; where a run's tokenizer is
-handed in (``decode``), the text of every turn, masked stretches struck through.
+text per turn: with the run's tokenizer handed in (``decode``, gfcr.report.decode) every
+turn reads as text, masked stretches struck through, and its ids open on demand; without
+one, the first turn's text (the row's ``prompt``) and the later turns' ids.
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ def _bubble(k: int, turn: dict[str, Any], prompt: str, decode: Decode | None) ->
     error = (f'<div class="err">error: {escape(_clip(turn["tool_error"]))}</div>'
              if turn["tool_error"] else "")
     body = _text(ids, mask, prompt if k == 0 else None, decode)
+    ids_html = (f"<details><summary>ids</summary><code>{escape(' '.join(map(str, ids)))}</code></details>"
+                if decode is not None and ids else "")
     return (f'<div class="bubble src-{escape(turn["source"])}"><div class="head">'
-            f"{escape(' · '.join(head))}</div><pre>{body}</pre>{error}</div>")
+            f"{escape(' · '.join(head))}</div><pre>{body}</pre>{ids_html}{error}</div>")
 
 
 def _text(ids: list[int], mask: list[bool] | None, prompt: str | None,

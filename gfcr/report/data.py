@@ -55,6 +55,9 @@ class RunData:
     samples: list[dict[str, Any]] = field(default_factory=list)
     chats: list[dict[str, Any]] = field(default_factory=list)
     """Sample multi-turn rows with their turns (gfcr.report.chat; none for single-turn runs)."""
+    turn_figures: list[dict[str, Any]] = field(default_factory=list)
+    """Per number of policy turns: ``episodes``, ``success``, ``policy_tokens`` (the
+    ``turn_figures`` run view; one row of 1 turn for a single-turn run)."""
 
     def get(self, name: str) -> list[float]:
         return self.series.get(name, [math.nan] * len(self.steps))
@@ -97,6 +100,7 @@ def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     data.drops = _drops(store, data)
     data.pass_dist = _pass_distribution(store, data)
     data.accuracy = accuracies(store, run_id)
+    data.turn_figures = reads(store).view("turn_figures", run_id).to_pylist()
     if samples:
         data.samples = _samples(store, data)
         data.chats = reads(store).chat_samples(run_id, CHAT_SAMPLES).to_pylist()
@@ -140,7 +144,9 @@ def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
     rows = reads(store).view("drops", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
     out: dict[str, list[float]] = {}
-    for row in rows:
+    for row in rows:  # a step committed after the steps were read (a live run) is left out
+        if row["step"] not in index:
+            continue
         key = f"{row['dropped_by'] or '?'}: {row['reason']}"
         out.setdefault(key, [0.0] * len(data.steps))[index[row["step"]]] = float(row["n"])
     return dict(sorted(out.items(), key=lambda kv: -sum(kv[1])))
@@ -152,7 +158,8 @@ def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
     index = {s: i for i, s in enumerate(data.steps)}
     counts = [[0.0] * len(PASS_LABELS) for _ in data.steps]
     for row in rows:
-        counts[index[row["step"]]][row["bin"]] = float(row["n"])
+        if row["step"] in index:  # not a step committed after the steps were read
+            counts[index[row["step"]]][row["bin"]] = float(row["n"])
     return [[c / total for c in row] if (total := sum(row)) else row for row in counts]
 
 

@@ -18,6 +18,8 @@ import yaml
 
 from gfcr.report import chat, svg
 from gfcr.report.data import PASS_LABELS, RunData
+from gfcr.report.decode import run_decoder, safe
+from gfcr.report.headline import headline
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
@@ -48,38 +50,6 @@ def render(runs: Sequence[RunData], *, store: str) -> str:
             f"<title>gfcr report: {escape(ids)}</title><style>{CSS}{chat.CSS}</style></head><body>"
             f"<h1>gfcr report: {escape(ids)}</h1><p><small>store {escape(store)}; made {made} "
             f"by gfcr report from the store alone</small></p>{''.join(sections)}</body></html>")
-
-
-def _last(values: Sequence[float]) -> float:
-    return next((v for v in reversed(values) if math.isfinite(v)), math.nan)
-
-
-def _first(values: Sequence[float]) -> float:
-    return next((v for v in values if math.isfinite(v)), math.nan)
-
-
-def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
-
-
-def _pct(v: float) -> str:
-    return "–" if not math.isfinite(v) else f"{v:.1%}"
-
-
-def headline(run: RunData) -> dict[str, Any]:
-    """The numbers a reader looks at first (also the Prefect artifact's)."""
-    acc = run.accuracy
-    return {
-        "status": run.run["status"], "steps": len(run.steps),
-        "rollouts": int(sum(v for v in run.get("store/rows") if math.isfinite(v))),
-        "held-out accuracy": " → ".join(f"{a:.1%}" for _, a, _ in (acc[:1] + acc[-1:] if len(acc) > 1 else acc)) or "–",
-        "sampled reward (first → last step)": f"{_first(run.get('store/sampled_reward')):.3f} → "
-                                              f"{_last(run.get('store/sampled_reward')):.3f}",
-        "sampled pass rate (last step)": _pct(_last(run.get("store/sampled_pass_rate"))),
-        "kept share (mean)": _pct(_mean(run.get("store/kept_share"))),
-        "completion length (mean, last step)": f"{_last(run.get('store/length_mean')):.1f} tokens",
-    }
 
 
 def _headline(runs: Sequence[RunData]) -> str:
@@ -198,7 +168,8 @@ def _chats(runs: Sequence[RunData]) -> str:
         return ""
     out = ["<h2>Sample trajectories (one bubble per turn; struck through: out of the loss)</h2>"]
     for r in runs:
-        out.append(f"<h3>{escape(r.run_id)}</h3>{chat.render_chats(r.chats)}")
+        decode = safe(run_decoder(r.run.get("spec_yaml")))
+        out.append(f"<h3>{escape(r.run_id)}</h3>{chat.render_chats(r.chats, decode)}")
     return "".join(out)
 
 

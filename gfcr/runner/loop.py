@@ -107,6 +107,10 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
     metrics: dict[str, float] = {"rounds": float(rounds), "reward_out_of_range": float(clipped)}
     for s in AUGMENT.of(rt.pipeline.stages):
         ref = call(name(s, ctx), _augment_fn(rt, ctx, s), ref)
+    if rt.record.replay is not None:  # a replayed step trains on the store's rows
+        stored, replay_metrics = rt.record.replay(step, rt.stash.get(ref))
+        ref = rt.stash.put(f"{step}/stored", stored)
+        metrics.update(replay_metrics)
     trainer = TRAIN.of(rt.pipeline.stages)
     if trainer:
         ref, train_metrics = call(name(trainer[0], ctx), _train_fn(rt, ctx), ref)

@@ -11,16 +11,18 @@ A crash between the two leaves steps ``c+1..j`` committed beyond the newest chec
 ``c``. Resuming loads ``c`` and *replays* ``c+1..j``: it runs them again with the same
 per-step seeds and the history as of the step before (what they saw the first time), and
 does not commit them, since the store holds them already (the store would refuse a
-second commit of a step anyway). It checks that each replayed step regenerated the
-rollouts the store holds (same rollout ids, same completion token ids); then the run
-continues at ``j+1`` and commits as usual. Where the run is deterministic (CPU, fixed
-seed) the weights after the replay equal those of an uninterrupted run, so a resumed run
-matches it step for step. Where it is not (some GPU kernels), a replayed step may differ
-from what was stored: a ``RuntimeWarning`` names the step and the number of rollouts that
-differ, and the step's ``resume/replay_mismatch`` metric records it; the weights then
-come from a batch the store does not hold. ``checkpoint.every=1`` (a checkpoint after
-every step) leaves nothing to replay, at the cost of a model and optimizer write per step,
-which is why it is not the default.
+second commit of a step anyway). **The learner trains on the store's rows**: a replayed
+step runs its stages as it did the first time (so every stage's state and random draws
+advance as they did), and its batch is then replaced by the rows the store holds for it
+(:func:`stored_batch`), so the resumed weights are trained on exactly what the store
+records, on any hardware. Where generation is deterministic (CPU, fixed seed) the
+regenerated rows equal the stored ones; where it is not (a fleet of vLLM servers, whose
+batching does not reproduce; some GPU kernels) they differ, a ``RuntimeWarning`` names
+the step and how many differ, and the step's ``resume/replay_mismatch`` metric records
+it, but the update trains on the batch the uninterrupted run trained on, and the run
+continues at ``j+1`` from weights trained on what the store holds. ``checkpoint.every=1`` (a
+checkpoint after every step) leaves nothing to replay, at the cost of a model and
+optimizer write per step, which is why it is not the default.
 
 **What may change.** The pipeline given must be the run's own: its spec, as stored in the
 ``runs`` table, with ``steps``, ``checkpoint.*`` and ``learner.*`` left out (so ``--steps``
@@ -153,20 +155,43 @@ def _differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
             for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
 
 
-def replay_mismatch(store: Any, run_id: str, step: int, replayed: pa.Table) -> int:
-    """How many rollouts of a replayed ``step`` differ from the stored ones (by rollout
-    id and completion token ids; missing and extra rows count); warns when any do."""
-    stored = backend().history(store, run_id).rows(
-        RowFilter(step_min=step, step_max=step), columns=[col.ROLLOUT_ID, col.COMPLETION_IDS])
+def stored_batch(store: Any, run_id: str, step: int, replayed: pa.Table
+                 ) -> tuple[pa.Table, dict[str, float]]:
+    """The batch a replayed ``step`` trains on: the rows the store holds for it, in the
+    regenerated table's columns (and its row order when it regenerated the same ids),
+    with the ``resume/replay_mismatch`` metric: how many regenerated rows differ from
+    them (a warning names the step when any do)."""
+    stored = backend().history(store, run_id).rows(RowFilter(step_min=step, step_max=step))
     a, b = _signature(stored), _signature(replayed)
     differ = max(sum((a - b).values()), sum((b - a).values()))
     if differ:
         warnings.warn(f"run {run_id!r}: replaying step {step} while resuming regenerated "
                       f"{differ} of {replayed.num_rows} rollouts differently from the "
-                      f"{stored.num_rows} the store holds (non-deterministic hardware?); "
-                      "the resumed weights follow the regenerated batch",
+                      f"{stored.num_rows} the store holds (non-deterministic generation: "
+                      "a fleet, some GPU kernels); the learner trains on the stored rows",
                       RuntimeWarning, stacklevel=2)
-    return differ
+    return _aligned(stored, replayed), {"resume/replay_mismatch": float(differ)}
+
+
+def _aligned(stored: pa.Table, like: pa.Table) -> pa.Table:
+    """``stored`` with ``like``'s columns and types (a column the store lacks: nulls),
+    in ``like``'s row order when both hold the same rollout ids."""
+    ids = stored.column(col.ROLLOUT_ID).to_pylist()
+    order = like.column(col.ROLLOUT_ID).to_pylist()
+    if sorted(ids) == sorted(order) and len(set(ids)) == len(ids):
+        at = {rid: i for i, rid in enumerate(ids)}
+        stored = stored.take(pa.array([at[rid] for rid in order], pa.int64()))
+    columns = []
+    for f in like.schema:
+        if f.name not in stored.column_names:
+            columns.append(pa.nulls(stored.num_rows, f.type))
+            continue
+        column = stored.column(f.name)
+        try:
+            columns.append(column.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            columns.append(column)
+    return pa.Table.from_arrays(columns, names=like.schema.names)
 
 
 def _signature(table: pa.Table) -> Counter:

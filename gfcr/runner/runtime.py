@@ -57,6 +57,11 @@ class Record:
     each before the next step's history is read, before a checkpoint and before the run
     ends (gfcr.launch.run). The commit's inputs are fixed when it is handed over."""
 
+    replay: Callable[[int, pa.Table], tuple[pa.Table, dict[str, float]]] | None = None
+    """A resumed run's replayed step (committed before the resume): ``replay(step,
+    regenerated)`` gives the batch it trains on, the rows the store holds for it, and
+    metrics (gfcr.runner.resume.stored_batch); None: a step trains on what it made."""
+
     def history(self, step: int) -> History | None:
         return self.history_at(step) if self.history_at else None
 
@@ -66,9 +71,11 @@ class Record:
         if self.commit is not None:
             (self.background or call)(name, fn, ref)
 
-    def replaying(self) -> "Record":
-        """The same history, committing nothing (a resumed run's replayed steps)."""
-        return replace(self, commit=None)
+    def replaying(self, replay: Callable[[int, pa.Table], tuple[pa.Table, dict[str, float]]]
+                  ) -> "Record":
+        """The same history, committing nothing, and training on the stored rows that
+        ``replay`` gives (a resumed run's replayed steps)."""
+        return replace(self, commit=None, replay=replay)
 
 
 @dataclass

@@ -9,7 +9,8 @@ learner's ranks (gfcr.transport.sharded) in other processes or on other hosts.
             model.safetensors   the policy's weights after version 3's update (a LoRA
                                 learner's: adapter_model.safetensors + adapter_config.json,
                                 the adapter alone in peft's format)
-            manifest.json       run id, version, time, files: written last
+            manifest.json       run id, version, time, files and their SHA-256
+                                (gfcr.runner.published checks them): written last
         .tmp-v000004-...        a publication under way (never read)
 
 A version is written into a temporary folder, its manifest last, each file fsynced, then
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import time
@@ -39,10 +39,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from gfcr.core.engine import TensorIO
 from gfcr.runner.durable import fsync
+from gfcr.runner.published import MANIFEST, VERSION_FOLDER as _NAME, digest
 
 WEIGHTS = "model.safetensors"
-MANIFEST = "manifest.json"
-_NAME = re.compile(r"v(\d{6,})")
 
 
 class MissingVersion(LookupError):
@@ -97,6 +96,7 @@ class WeightStore:
             files = _save(handle, tmp)
             ident = secrets.token_hex(8)
             manifest = {"run_id": run_id, "version": version, "files": files, "id": ident,
+                        "sha256": {name: digest(tmp / name) for name in files},
                         "published_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
             for name in (*files, MANIFEST):

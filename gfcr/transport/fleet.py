@@ -17,13 +17,18 @@ while the load stays fair), and render their conversations with the run's policy
 tokenizer and chat template (the fleet engine's ``tokenizer``), so nothing of vLLM runs
 in the run's process. A multi-turn row's ``server`` is the server of its last policy turn.
 
+Every call to a server carries the fleet's key (:attr:`Fleet.key_file`, or the file
+``GFCR_FLEET_KEY_FILE`` names; gfcr.transport.fleet_gate checks it on the server).
+
 Weights by version (:class:`gfcr.runner.weights.FileSync`): each version the learner hands out
 is written once, in the engine's dtype, as a versioned folder (manifest last) under
 ``Fleet.weights`` (default: the run root's ``weights/RUN_ID``, which the servers must
-read), then every server loads it and labels it ``"<version>:<publication id>"``; the
-labels vLLM puts on sampled tokens are checked against it, so every row's
+read under their ``--weights-root``; each file's SHA-256 in the manifest), then every
+server checks and loads it and labels it ``"<version>:<publication id>"`` from its
+manifest; the labels vLLM puts on sampled tokens are checked against it, so every row's
 ``policy_version_*`` is the version that sampled its tokens. On GPUs the same protocol
-fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here).
+fits an NCCL broadcast to the servers (stages.engines.fleet_nccl, untested here, and not
+through gfcr's gate yet: it calls vLLM's development routes).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import contextlib
 import time
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -43,6 +49,7 @@ from gfcr.runner.evaluation import evaluate
 from gfcr.runner.inprocess import generate_with
 from gfcr.runner.serial import SerialCalls
 from gfcr.runner.weights import FileSync, WeightStore, directory
+from gfcr.transport.fleet_gate import fleet_key
 
 
 class Fleet(BaseModel):
@@ -64,19 +71,41 @@ class Fleet(BaseModel):
     """Published versions kept (at least ``max_staleness + 2`` in any case)."""
     weights: str | None = None
     """A folder the servers read published versions from (its ``RUN_ID`` subfolder);
-    None: the run root's ``weights`` folder."""
+    None: the run root's ``weights`` folder. It must be under each server's
+    ``--weights-root``."""
+    key_file: str | None = None
+    """The fleet's key (the file each server was started with, ``gfcr engine serve
+    --key-file``); None: the file ``GFCR_FLEET_KEY_FILE`` names, or no key (servers on
+    loopback started without one)."""
 
     @field_validator("urls")
     @classmethod
     def _urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
-        if bad:
-            raise ValueError(f"fleet urls must start with http:// or https://: {bad}")
-        stripped = [u.rstrip("/") for u in urls]
-        twice = sorted({u for u in stripped if stripped.count(u) > 1})
-        if twice:
-            raise ValueError(f"fleet urls must each be listed once: {twice} appear twice")
-        return tuple(stripped)
+        return check_urls(urls)
+
+
+def check_urls(urls: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``urls`` as a fleet's servers (``http(s)://host:port``, no path, query or user,
+    each once), without trailing slashes; ValueError naming the first bad one (``gfcr
+    run --fleet`` checks them before any work)."""
+    out: list[str] = []
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            parts.port  # a port that is not a number raises here
+        except ValueError as err:
+            raise ValueError(f"fleet URL {url!r} is malformed ({err}); expected "
+                             f"http://HOST:PORT") from None
+        extra = parts.path.strip("/") or parts.query or parts.fragment or parts.username
+        if parts.scheme not in ("http", "https") or not parts.hostname or extra:
+            raise ValueError(f"fleet URL {url!r} is not a server's base URL: expected "
+                             f"http://HOST:PORT or https://HOST:PORT (no path, query or "
+                             f"user), as `gfcr engine serve` prints")
+        if url.rstrip("/") in out:
+            raise ValueError(f"fleet URL {url.rstrip('/')!r} is listed twice: name each "
+                             f"server once")
+        out.append(url.rstrip("/"))
+    return tuple(out)
 
 
 def for_run(fleet: Fleet, pipeline: Any, run_id: str, root: Path, policy: Any,
@@ -88,7 +117,7 @@ def for_run(fleet: Fleet, pipeline: Any, run_id: str, root: Path, policy: Any,
                          f"run as a fleet of servers; use engine=vllm (its servers are "
                          f"started with `gfcr engine serve`)")
     engine = spec.fleet(policy, list(fleet.urls), timeout_s=fleet.timeout_s,
-                        attempts=fleet.attempts, notify=notify)
+                        attempts=fleet.attempts, notify=notify, key=fleet_key(fleet.key_file))
     where = Path(fleet.weights) / run_id if fleet.weights else directory(root, run_id)
     store = WeightStore(where, policy.io, keep=max(fleet.keep, pipeline.max_staleness + 2))
     dtype = spec.weights_dtype if isinstance(spec, WeightsDtype) else None

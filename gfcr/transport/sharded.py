@@ -1,9 +1,10 @@
 """A learner sharded over processes (gfcr.core.services.Learner): the train stage's learner on
-FSDP2, in a process group that torchrun starts beside the flow process.
+FSDP2, in a process group started beside the flow process.
 
 ``Pipeline(learner=LearnerPlacement(ranks=N))`` puts it in place of the in-process
-learner (gfcr.launch.placement). The run starts ``python -m torch.distributed.run
---nproc-per-node N -m stages.train.fsdp_rank`` (gloo on CPU, NCCL on GPUs); each rank
+learner (gfcr.launch.placement). The run starts N processes of ``python -m
+stages.train.fsdp_rank`` (gloo on CPU, NCCL on GPUs; gfcr.transport.sharded_ranks: they
+meet in a file store, nothing of theirs listens beyond loopback); each rank
 connects back to this process over a local socket, authenticated by a key in its
 environment, and this process sends every command to every rank, so no rank idles in a
 collective while the loop generates. Replies come back on the same sockets.
@@ -29,15 +30,10 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
-import secrets
 import select
 import shutil
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +44,10 @@ import pyarrow as pa
 from gfcr.core.services import WeightHandle
 from gfcr.core.stage import StepContext, TrainResult
 from gfcr.runner.weights import WEIGHTS, WeightStore
+from gfcr.transport import sharded_ranks
+from gfcr.transport.sharded_ranks import ADDRESS, KEY, StartFailed
 
-ADDRESS, KEY = "GFCR_LEARNER_ADDRESS", "GFCR_LEARNER_KEY"
+__all__ = ["ADDRESS", "KEY", "ShardedLearner", "ShardedLearnerError", "Setup"]
 DCP = "learner.dcp"
 """The ranks' sharded checkpoint, beside the checkpoint's weights file."""
 _HEADER = struct.Struct("!Q")
@@ -161,7 +159,11 @@ class ShardedLearner:
         self.log = self.where / "ranks.log"
         self.pids: list[int] = []
         """The ranks' process ids, by rank."""
-        self.proc, self.conns = _start(ranks, self.log, setup.timeout_s)
+        try:
+            self.ranks, self.conns = sharded_ranks.start(ranks, self.log, setup.timeout_s)
+        except StartFailed as err:
+            raise ShardedLearnerError(f"sharded learner: {err}\n--- {self.log} ---\n"
+                                      f"{_tail(self.log)}") from None
         self.pids = [int(pid) for pid in self._call_setup()]
 
     @property
@@ -236,11 +238,8 @@ class ShardedLearner:
                     send(conn, ("stop", ()))
                 except OSError:
                     pass
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        _stop(self.proc, self.pids)
+            self.ranks.wait(60)
+        self.ranks.stop()
         for conn in self.conns:
             conn.close()
 
@@ -287,14 +286,11 @@ class ShardedLearner:
         return value
 
     def _fail(self, why: str) -> Any:
-        """Stop the group and raise, with torchrun's first failure (the rank that died
-        or raised first) when it reports one."""
-        try:
-            self.proc.wait(timeout=15)  # torchrun notices a dead rank and ends the group
-        except subprocess.TimeoutExpired:
-            pass
-        _stop(self.proc, self.pids)
-        cause = _root_cause(self.log)
+        """Stop the group and raise, naming the rank that died (its exit status) when
+        one did."""
+        self.ranks.wait(2)  # a rank that failed is exiting
+        cause = self.ranks.cause()
+        self.ranks.stop()
         self.failed = (cause + "; " if cause else "") + why.splitlines()[0]
         tail = _tail(self.log)
         raise ShardedLearnerError(
@@ -303,93 +299,6 @@ class ShardedLearner:
 
 
 # --------------------------------------------------------------------------- process
-
-
-def _start(ranks: int, log: Path, timeout_s: float
-           ) -> tuple[subprocess.Popen, list[socket.socket]]:
-    """torchrun with ``ranks`` processes in a session of its own, and each rank's
-    authenticated connection, by rank."""
-    server = socket.create_server(("127.0.0.1", 0))
-    key = secrets.token_bytes(16)
-    root = str(Path(__file__).resolve().parent.parent)  # gfcr and stages beside it
-    env = {**os.environ, ADDRESS: f"127.0.0.1:{server.getsockname()[1]}", KEY: key.hex(),
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
-                                         if p)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(ranks), "-m", "stages.train.fsdp_rank"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        return proc, _accept(server, proc, key, ranks, timeout_s, log)
-    except BaseException:
-        _stop(proc, [])
-        raise
-    finally:
-        server.close()
-
-
-def _accept(server: socket.socket, proc: subprocess.Popen, key: bytes, ranks: int,
-            timeout_s: float, log: Path) -> list[socket.socket]:
-    conns: dict[int, socket.socket] = {}
-    server.settimeout(1.0)
-    deadline = time.monotonic() + timeout_s
-    while len(conns) < ranks:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = f"exited with code {proc.returncode}" if proc.returncode is not None \
-                else f"not all connected in {timeout_s:g} s"
-            raise ShardedLearnerError(f"sharded learner: torchrun {why} (ranks connected: "
-                                      f"{sorted(conns)})\n--- {log} ---\n{_tail(log)}")
-        try:
-            conn, _ = server.accept()
-        except socket.timeout:
-            continue
-        conn.settimeout(10.0)
-        try:
-            hello = _exactly(conn, len(key) + 4)
-        except (OSError, FlowGone):
-            conn.close()
-            continue
-        rank = struct.unpack("!I", hello[len(key):])[0]
-        if not secrets.compare_digest(hello[:len(key)], key) or not 0 <= rank < ranks:
-            conn.close()  # not one of ours
-            continue
-        conn.settimeout(None)
-        conns[rank] = conn
-    return [conns[r] for r in range(ranks)]
-
-
-def _stop(proc: subprocess.Popen, pids: list[int]) -> None:
-    """End torchrun (TERM, which stops its ranks, then KILL) and then any rank left
-    (torchrun starts each in a session of its own)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            break
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
-    for pid in pids:
-        try:  # still a rank of ours (not a reused id)?
-            if b"stages.train.fsdp_rank" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _root_cause(log: Path) -> str:
-    """torchrun's "first observed failure" in its log, as "rank R exited with code C"
-    ("" when it wrote none)."""
-    text = _tail(log, 200)
-    at = text.rfind("Root Cause")
-    rank = re.search(r"rank\s*:\s*(\d+)", text[at:]) if at >= 0 else None
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", text[at:]) if at >= 0 else None
-    if rank is None or code is None:
-        return ""
-    died = int(code.group(1))
-    how = f"was killed by signal {-died}" if died < 0 else f"exited with code {died}"
-    return f"rank {rank.group(1)} {how} first"
 
 
 def _tail(log: Path, lines: int = 30) -> str:

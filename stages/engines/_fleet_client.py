@@ -5,13 +5,14 @@
   spans of the generated tokens out; no tokenizer on either side of the wire;
 - ``POST /inference/v1/abort_requests``: abort requests by id (a request whose client
   disconnects is aborted by the server too);
-- ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``): gfcr's worker extension
-  (``stages.engines.vllm_extension``) loads a published version;
-- ``POST /reset_prefix_cache``, ``POST /update_weight_version``, ``GET /weight_info``:
-  drop the KV of old weights, label the weights the engine holds, read the label.
+- ``POST /gfcr/load`` (gfcr's gate, gfcr.transport.fleet_gate): every worker loads a
+  published version (``stages.engines.vllm_extension``, which checks it first), then
+  the server labels the weights from the version's manifest and drops its prefix cache;
+  ``GET /gfcr/weights``: the label the engine holds.
 
-Every call has a deadline (``timeout_s``); a transport failure or an HTTP error raises
-:class:`ServerError` naming the server and the route.
+Every call but ``/health`` carries the fleet's key (``Authorization: Bearer``) when the
+run has one. Every call has a deadline (``timeout_s``); a transport failure or an HTTP
+error raises :class:`ServerError` naming the server and the route.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import httpx
 
 GENERATE = "/inference/v1/generate"
 ABORT = "/inference/v1/abort_requests"
+LOAD, WEIGHTS = "/gfcr/load", "/gfcr/weights"  # gfcr.transport.fleet_gate
 
 
 class ServerError(RuntimeError):
@@ -51,10 +53,11 @@ class Completion:
 class Server:
     """An HTTP client of one vLLM server (thread-safe: httpx pools connections)."""
 
-    def __init__(self, url: str, *, timeout_s: float) -> None:
+    def __init__(self, url: str, *, timeout_s: float, key: bytes | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+        headers = {"Authorization": "Bearer " + key.decode()} if key is not None else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
                                   limits=httpx.Limits(max_connections=256,
                                                       max_keepalive_connections=64))
 
@@ -66,22 +69,19 @@ class Server:
 
     def label(self) -> str:
         """The weight-version label the engine holds ("default": as started)."""
-        return str(self._call("GET", "/weight_info")["weight_version"])
+        return str(self._call("GET", WEIGHTS)["label"])
 
     def load(self, folder: str, label: str) -> dict[str, Any]:
-        """Load the version published in ``folder`` on every worker, drop the prefix
-        cache (its KV was computed by the old weights) and label the weights."""
-        answer = self._call("POST", "/collective_rpc",
-                            {"method": "gfcr_load", "args": [folder]})
-        results = answer.get("results") or []
-        if not results or any(not isinstance(r, dict) for r in results):
-            raise ServerError(self.url, "/collective_rpc gfcr_load",
-                              f"unexpected answer {answer!r} (is the server started with "
-                              f"gfcr's worker extension? `gfcr engine serve`)")
-        if not self._call("POST", "/reset_prefix_cache").get("success", False):
-            raise ServerError(self.url, "/reset_prefix_cache", "the cache was not reset")
-        self._call("POST", "/update_weight_version", {"new_version": label})
-        return dict(results[0])
+        """Load the version published in ``folder`` (the server checks it, loads it, drops
+        its prefix cache and labels it from the manifest); ServerError unless the label
+        it set is ``label``, the version the run published."""
+        answer = self._call("POST", LOAD, {"folder": folder})
+        if answer.get("label") != label:
+            raise ServerError(self.url, LOAD, f"loaded {answer!r}, not {label!r} (is the "
+                              f"server started with `gfcr engine serve`?)")
+        if not answer.get("cache_reset", False):
+            raise ServerError(self.url, LOAD, "the prefix cache was not reset")
+        return answer
 
     def generate(self, request_id: str, token_ids: list[int],
                  sampling: dict[str, Any]) -> Completion:
@@ -118,6 +118,10 @@ class Server:
             response = self._http.request(method, route, json=body)
         except httpx.HTTPError as err:
             raise ServerError(self.url, route, f"{type(err).__name__}: {err}") from None
+        if response.status_code in (401, 403):
+            raise ServerError(self.url, route, f"refused (HTTP {response.status_code}: "
+                              f"{response.text[:300]}): the fleet's servers take the key "
+                              f"file GFCR_FLEET_KEY_FILE names (Fleet.key_file)")
         if response.status_code != 200:
             raise ServerError(self.url, route,
                               f"HTTP {response.status_code}: {response.text[:300]}")

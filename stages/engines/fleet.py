@@ -16,8 +16,10 @@ segments, so APRIL, ARRoL and TokenBudget stop and prune across the fleet as on 
 engine. A stopped group is recycled by the Replay stage, as always.
 
 Weights by version: :meth:`FleetEngine.load` has every server load a published version
-(gfcr.runner.weights) through gfcr's worker extension, drop its prefix cache and label its
-weights ``"<version>:<publication id>"``. vLLM tags every sampled token with the label
+(gfcr.runner.weights) through gfcr's gate and worker extension, which check it, drop the
+prefix cache and label the weights ``"<version>:<publication id>"`` from its manifest (a
+server whose label is not the version published is out). Every call carries the fleet's
+``key`` (gfcr.transport.fleet_gate). vLLM tags every sampled token with the label
 it was sampled under, so a row's version is checked, not assumed: tokens under another
 label are never used (the request is sent again after the server is reloaded).
 
@@ -37,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                              encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, Policy, RequestRefused,
+                              SamplingParams, SegmentHook, encode_prompt, stop_token_ids)
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
 from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
@@ -54,9 +56,10 @@ class FleetEngine:
     policy supplies the tokenizer (and teacher-forced logprobs) in this process."""
 
     def __init__(self, policy: Policy, urls: list[str], *, timeout_s: float = 300.0,
-                 attempts: int = 3, notify: Callable[[str], None] | None = None) -> None:
+                 attempts: int = 3, notify: Callable[[str], None] | None = None,
+                 key: bytes | None = None) -> None:
         self._policy = policy
-        self.servers = [Server(u, timeout_s=timeout_s) for u in urls]
+        self.servers = [Server(u, timeout_s=timeout_s, key=key) for u in urls]
         self.attempts = attempts
         self.notify = notify or (lambda message: None)
         self.down: dict[str, str] = {}
@@ -248,8 +251,8 @@ class FleetEngine:
                 done = server.generate(name, ids, sampling)
             except ServerError as err:
                 if err.why.startswith("HTTP 4"):  # the request's fault: no retry helps
-                    raise ValueError(f"the fleet refused request {rid} of {self.caller}: "
-                                     f"{err}") from None
+                    raise RequestRefused(key, f"the fleet refused request {rid} of "
+                                              f"{self.caller}: {err}") from None
                 server.abort([name])  # superseded: its deadline passed or it broke
                 errors.append(str(err))
                 self._out(server, str(err))

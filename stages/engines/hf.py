@@ -28,8 +28,14 @@ Sampling is seeded with a ``torch.Generator`` (``SamplingParams.seed``, else one
 from the engine's build seed and advanced by every call), so the same seed and requests
 give identical outputs. A sequence's samples depend on the other sequences of its wave.
 
->>> engine = HF(device="cpu").build(TinyLlama().build(seed=0), seed=0)  # doctest: +SKIP
->>> engine.generate([GenRequest(key=0, prompt_ids=engine.encode("1+1="))], SamplingParams())
+>>> from gfcr.core.engine import GenRequest, SamplingParams
+>>> from stages.engines.tiny import TinyLlama
+>>> policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+>>> engine = HF(device="cpu").build(policy.build(seed=0), seed=0)
+>>> [out] = engine.generate([GenRequest(key=0, prompt_ids=engine.encode("1+1="))],
+...                         SamplingParams(max_tokens=4, temperature=0.0))
+>>> len(out.completion_ids) == len(out.logprobs) <= 4, out.finish_reason in ("stop", "length")
+(True, True)
 """
 
 from __future__ import annotations

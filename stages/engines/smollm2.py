@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any, Literal
@@ -142,6 +143,12 @@ class SmolLM2(Spec):
     system: str | None = None
     """System message; None: the template's ("You are a helpful AI assistant named
     SmolLM, trained by Hugging Face")."""
+
+    def decoder(self) -> Callable[[Sequence[int]], str] | None:
+        """The converted checkpoint's tokenizer's ``decode`` (None: not imported here)."""
+        from stages.engines.tiny import _hf_decoder
+
+        return _hf_decoder(str(model_dir(Path(self.root))))
 
     def build(self, *, seed: int) -> Policy:
         from stages.engines.tiny import HFCheckpoint

@@ -13,11 +13,13 @@ local directory only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from gfcr.core.chattext import template_ids
 from gfcr.core.engine import Policy
 from gfcr.core.stage import Spec, register
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
@@ -69,6 +71,11 @@ class TinyLlama(Spec):
                              f"{self.hidden_size // self.num_heads!r} must be even (rotary)")
         return self
 
+    def decoder(self) -> Callable[[Sequence[int]], str] | None:
+        """Its file-free tokenizer's ``decode`` (gfcr.core.capabilities.DecodesTokens)."""
+        tokenizer = TOKENIZERS[self.tokenizer]()
+        return lambda ids: str(tokenizer.decode(list(ids)))
+
     def build(self, *, seed: int) -> Policy:
         """A fresh float32 model, weights drawn under ``torch.manual_seed(seed)``."""
         import torch
@@ -108,6 +115,11 @@ class HFCheckpoint(Spec):
     system: str | None = None
     """The system message of the chat template; None: the template's own default."""
 
+    def decoder(self) -> Callable[[Sequence[int]], str] | None:
+        """The checkpoint's tokenizer's ``decode`` (special tokens shown: a chat template's
+        turn markers are part of what the policy saw), or None without its files here."""
+        return _hf_decoder(self.path)
+
     def build(self, *, seed: int) -> Policy:
         """Load model and tokenizer with ``local_files_only=True``; ``seed`` seeds any
         weights the checkpoint lacks."""
@@ -130,6 +142,16 @@ class HFCheckpoint(Spec):
         return Policy(model=model, tokenizer=tok, remedy=(
             "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
             io=TORCH_IO)
+
+
+def _hf_decoder(path: str) -> Callable[[Sequence[int]], str] | None:
+    """``decode`` of the transformers tokenizer at ``path`` (None: no such directory)."""
+    if not Path(path).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return lambda ids: str(hf.decode(list(ids), skip_special_tokens=False))
 
 
 class HFTokenizer:
@@ -166,9 +188,8 @@ class HFTokenizer:
         messages = [{"role": "user", "content": text}]
         if self.system is not None:
             messages.insert(0, {"role": "system", "content": self.system})
-        rendered = self.hf.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=True)
-        return list(self.hf.encode(rendered, add_special_tokens=False))
+        return template_ids(self, lambda ms, _: str(self.hf.apply_chat_template(
+            ms, tokenize=False, add_generation_prompt=True)), messages, None)
 
     def render_chat(self, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
@@ -179,7 +200,20 @@ class HFTokenizer:
         return str(self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
                                                add_generation_prompt=add_generation_prompt))
 
+    @property
+    def specials(self) -> tuple[str, ...]:
+        """The special-token strings the tokenizer would read as ids (gfcr.core.chattext)."""
+        return tuple(sorted({str(t.content) for t in self.hf.added_tokens_decoder.values()
+                             if t.special} | set(self.hf.all_special_tokens)))
+
     def encode(self, text: str) -> list[int]:
+        """``text`` as text: a special-token string inside it (``<|im_end|>`` in a tool's
+        output or a task prompt) is split like any text, never read as its id, so
+        content cannot close a turn or open one (gfcr.core.chattext)."""
+        return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_template(self, text: str) -> list[int]:
+        """A chat template's markup, its special-token strings read as their ids."""
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:

@@ -148,13 +148,14 @@ class VLLM(Spec):
         return self._colocated() if self.sleep_mode is None else self.sleep_mode
 
     def fleet(self, policy: Policy, urls: list[str], *, timeout_s: float, attempts: int,
-              notify: Any) -> Any:
+              notify: Any, key: bytes | None = None) -> Any:
         """This engine as vLLM's own servers at ``urls`` (gfcr.transport.fleet; each started by
-        ``gfcr engine serve`` with this dtype): :class:`stages.engines.fleet.FleetEngine`."""
+        ``gfcr engine serve`` with this dtype), sending them the fleet's ``key``:
+        :class:`stages.engines.fleet.FleetEngine`."""
         from stages.engines.fleet import FleetEngine
 
         return FleetEngine(policy, urls, timeout_s=timeout_s, attempts=attempts,
-                           notify=notify)
+                           notify=notify, key=key)
 
     def _llm_kwargs(self, policy: Policy, folder: Path, seed: int) -> dict[str, Any]:
         config = policy.model.config

@@ -41,13 +41,15 @@ class Ask:
     error: str | None = None
     """Why no response came (the episode ended, the step ended, a bad request)."""
     status: int = 503
+    code: str | None = None
+    """The API error's code (``context_length_exceeded``), when it has one."""
 
     def answer(self, response: dict[str, Any]) -> None:
         self.response = response
         self.done.set()
 
-    def fail(self, status: int, error: str) -> None:
-        self.status, self.error = status, error
+    def fail(self, status: int, error: str, code: str | None = None) -> None:
+        self.status, self.error, self.code = status, error, code
         self.done.set()
 
 

@@ -47,15 +47,16 @@ from pydantic import Field, field_validator
 
 from gfcr.core import refs
 from gfcr.core.chat import chat_format
-from gfcr.core.engine import Engine, GenRequest, SamplingParams, SegmentHook
+from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
+from stages.generate._limits import context_limit, max_token_chars
 from stages.generate._openai_chat import OpenAIChat
 from stages.generate._policy import chat_tokenizer
 from stages.generate.group import GENERATED
-from stages.generate.openai_api import AgentServer
+from stages.generate.openai_api import TOO_LONG, AgentServer
 from stages.generate.rows import stable_id, to_table
 from stages.generate._waves import Ask, Waves
 
@@ -95,6 +96,15 @@ class AgentEnv(StageSpec):
     every running episode is waiting on the model)."""
     on_error: Literal["zero", "drop"] = "zero"
     """A failed episode's rows: reward 0 (kept), or dropped (kept = false)."""
+    max_context: int | None = Field(None, ge=2)
+    """Most tokens a call's prompt and answer may hold; None: the policy's context
+    (``max_position_embeddings``). A longer conversation is refused (HTTP 400
+    ``context_length_exceeded``) before it is rendered, for that call alone; on a fleet,
+    a server's shorter ``--max-model-len`` refuses it there, for that call alone too."""
+    max_connections: int = Field(128, ge=1)
+    """Connections the endpoint serves at once (one thread each); more are refused (503)."""
+    read_timeout: float = Field(60.0, gt=0.0)
+    """Seconds a connection may send nothing (idle, or mid-request) before it is closed."""
 
     writes: ClassVar[frozenset[str]] = GENERATED | {col.REWARD, col.SCORE_ERROR, EPISODE_END,
                                                     TURN_COUNT}
@@ -116,7 +126,8 @@ class AgentEnv(StageSpec):
                  on_segment: SegmentHook | None) -> pa.Table:
         fn = _agent(self.agent, f"stage {self.label!r}: agent")
         tasks = plan.to_pylist()
-        chat = chat_format(chat_tokenizer(engine, self.label))
+        tokenizer = chat_tokenizer(engine, self.label)
+        chat = chat_format(tokenizer)
         codec = OpenAIChat(chat)
         runs: list[_Run] = []
         for p_idx, prompt in enumerate(tasks):
@@ -127,7 +138,11 @@ class AgentEnv(StageSpec):
                                  group))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
-                         wait=self.timeout, max_calls=self.max_calls) as server, \
+                         wait=self.timeout, max_calls=self.max_calls,
+                         context=context_limit(engine, self.max_context),
+                         token_chars=max_token_chars(tokenizer),
+                         max_connections=self.max_connections,
+                         read_timeout=self.read_timeout) as server, \
                 _clients(self.label, self.timeout) as client:
             _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
         return self._table(ctx, tasks, runs, engine)
@@ -255,24 +270,52 @@ class _Driver:
             self.live.remove(run)
 
     def _serve(self, wave: list[Ask]) -> None:
-        """Generate a wave: one engine call per distinct ``stop`` of its asks."""
+        """Generate a wave: one engine call per distinct ``stop`` of its asks (a request
+        that cannot be rendered, or is too long, was answered by ``prepare``)."""
         ready = [(a, ids) for a in wave if (ids := self.server.prepare(a)) is not None]
         for stop in sorted({a.stop for a, _ in ready}):
-            asks = [(a, ids) for a, ids in ready if a.stop == stop]
             params = SamplingParams(temperature=self.spec.temperature, top_p=self.spec.top_p,
                                     max_tokens=self.spec.max_tokens, stop=stop,
                                     seed=int(self.seeds.integers(2**31 - 1)))
+            self._generate([(a, ids) for a, ids in ready if a.stop == stop], params)
+
+    def _generate(self, asks: list[tuple[Ask, list[int]]], params: SamplingParams) -> None:
+        """One engine call for ``asks``; a request the engine refuses fails alone. The
+        engine names it (:class:`RequestRefused`, a fleet server's HTTP 400): it is
+        answered 400 and the rest generated again without it. Any other error splits
+        the call in halves until the failing request is alone (one bad request costs
+        its neighbours a retry, never their answers)."""
+        asks = list(asks)
+        while asks:
             requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens,
                                    group=self.groups.get(a.episode.index))
                         for i, (a, ids) in enumerate(asks)]
             try:
                 outputs = self.engine.generate(requests, params)
-            except Exception as err:  # noqa: BLE001 - answered to the agents that asked
-                for a, _ in asks:
-                    a.fail(503, f"the engine failed: {type(err).__name__}: {err}")
+            except RequestRefused as err:
+                if not 0 <= err.key < len(asks):
+                    raise
+                asks.pop(err.key)[0].fail(400, f"the engine refused this request: "
+                                               f"{str(err)[:500]}", _code(str(err)))
                 continue
+            except Exception as err:  # noqa: BLE001 - answered to the agent that caused it
+                if len(asks) > 1:
+                    half = len(asks) // 2
+                    self._generate(asks[:half], params)
+                    self._generate(asks[half:], params)
+                else:
+                    asks[0][0].fail(503, f"the engine failed on this request "
+                                         f"({type(err).__name__})")
+                return
             for (a, _), out in zip(asks, outputs):
                 self.server.finish(a, out)
+            return
+
+
+def _code(message: str) -> str | None:
+    """The API error code of an engine's refusal: a prompt longer than the context."""
+    long = ("longer than the maximum", "maximum context length", "max_model_len")
+    return TOO_LONG if any(phrase in message for phrase in long) else None
 
 
 def _agent(ref: str, what: str) -> Callable[..., Any]:

@@ -18,7 +18,14 @@ what the trainer computes; its ``max_tokens`` (or ``max_completion_tokens``) and
 apply, ``max_tokens`` capped by the stage's. ``n`` must be 1 and ``stream`` false (the
 stage samples ``n`` episodes itself). Other fields (``tool_choice``, ``response_format``,
 ``logprobs``, ``seed``, ...) are ignored. Errors come back as the API's error objects
-(the client raises them).
+(the client raises them), never with an exception's text.
+
+One request fails only itself: a conversation longer than the context (``context``
+tokens) is refused with a 400 ``context_length_exceeded`` before it is rendered, by its
+characters (:mod:`stages.generate._limits`), then by its rendered ids; one whose content
+is not text, or that renders to nothing, is refused too; the stage's thread answers an
+engine's error to the request that caused it alone (:mod:`stages.generate.agent`).
+Connections are bounded, with read timeouts (:mod:`stages.generate._http`).
 
 The server binds 127.0.0.1 on a free port, lives for one generate call, and knows only
 the episodes the stage opened: each episode's URL holds a random token, and a request
@@ -27,42 +34,43 @@ for an episode that ended (finished, timed out) is refused.
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from gfcr.core.engine import GenOutput
 from stages.generate._episodes import Episode
+from stages.generate._http import MAX_BODY, ApiError, BoundedServer
+from stages.generate._limits import text_chars
 from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
-MAX_BODY = 16 * 1024 * 1024
-
-
-class ApiError(Exception):
-    """An error answered to the client as ``{"error": {...}}`` with an HTTP status."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+TOO_LONG = "context_length_exceeded"
+"""The error code of a conversation longer than the context (OpenAI's)."""
 
 
 class AgentServer:
     """The endpoint for one generate call (a context manager: started on enter)."""
 
     def __init__(self, waves: Waves, decode: Callable[[list[int]], str], *, model: str,
-                 max_tokens: int, wait: float, max_calls: int = 2**31) -> None:
+                 max_tokens: int, wait: float, max_calls: int = 2**31,
+                 context: int | None = None, token_chars: int = 64,
+                 max_connections: int = 128, read_timeout: float = 60.0) -> None:
         self.waves, self.decode, self.model = waves, decode, model
         self.max_tokens, self.wait, self.max_calls = max_tokens, wait, max_calls
+        self.context = context
+        """Most tokens a prompt and its completion may hold (None: unbounded here)."""
+        self.max_chars = None if context is None else context * token_chars
+        """Characters past which a conversation cannot fit ``context`` (gfcr's _limits)."""
         self.episodes: dict[str, Episode] = {}
         self._ended: set[str] = set()
         self._lock = threading.Lock()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._http.daemon_threads = True
+        body = MAX_BODY if self.max_chars is None else min(MAX_BODY,
+                                                           6 * self.max_chars + 2**20)
+        self._http = BoundedServer(self._route, max_connections=max_connections,
+                                   read_timeout=read_timeout, max_body=body)
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True,
                                         name="gfcr-agent-server")
 
@@ -105,6 +113,15 @@ class AgentServer:
 
     # ------------------------------------------------------------------ routes
 
+    def _route(self, method: str, path: str, body: Any) -> dict[str, Any]:
+        token, route = _split(path)
+        want = "/models" if method == "GET" else "/chat/completions"
+        if route != want:
+            raise ApiError(404, f"no route {method} {route[:80]!r}; gfcr serves GET "
+                                "/v1/models and POST /v1/chat/completions", "not_found")
+        episode = self.episode(token)
+        return self.models() if method == "GET" else self.chat(episode, body)
+
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model",
                                             "created": 0, "owned_by": "gfcr"}]}
@@ -112,6 +129,11 @@ class AgentServer:
     def chat(self, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
         """A request thread's call: checked here, answered by the stage's thread."""
         messages, tools = _checked(body)
+        if self.max_chars is not None and text_chars([messages, tools],
+                                                     self.max_chars) > self.max_chars:
+            raise ApiError(400, f"this conversation is longer than the policy's context "
+                                f"of {self.context} tokens (more than {self.max_chars} "
+                                "characters); shorten it", code=TOO_LONG)
         if not episode.admit(self.max_calls):
             raise ApiError(400, f"this episode has made its {self.max_calls} calls "
                                 "(AgentEnv.max_calls); gfcr answers no more", "call_limit")
@@ -121,7 +143,9 @@ class AgentServer:
         if not ask.done.wait(self.wait):
             raise ApiError(503, f"no answer within {self.wait:g} s", "unavailable")
         if ask.response is None:
-            raise ApiError(ask.status, ask.error or "no answer", "unavailable")
+            raise ApiError(ask.status, ask.error or "no answer",
+                           "invalid_request_error" if ask.status < 500 else "unavailable",
+                           ask.code)
         return ask.response
 
     # ------------------------------------------------------------------ the stage's thread
@@ -133,8 +157,18 @@ class AgentServer:
             ids, ask.call = ask.episode.prompt(ask.messages, ask.tools)
         except Exception as err:  # noqa: BLE001 - the request's fault, answered to it
             ask.fail(400, f"the messages cannot be rendered for the policy: "
-                          f"{type(err).__name__}: {err}")
+                          f"{type(err).__name__}: {str(err)[:300]}")
             return None
+        if not ids:
+            ask.fail(400, "the messages render to no tokens: give a message some text")
+            return None
+        if self.context is not None:
+            if len(ids) >= self.context:
+                ask.fail(400, f"this conversation is {len(ids)} tokens, and the policy's "
+                              f"context holds {self.context} with room for the answer; "
+                              f"shorten it", TOO_LONG)
+                return None
+            ask.max_tokens = min(ask.max_tokens, self.context - len(ids))
         return ids
 
     def finish(self, ask: Ask, out: GenOutput) -> None:
@@ -176,6 +210,13 @@ def _checked(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | No
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ApiError(400, f"messages[{i}] must be an object whose role is one of "
                                 f"{sorted(ROLES)}; got {str(m)[:80]!r}")
+        if not _content_ok(m.get("content")):
+            raise ApiError(400, f"messages[{i}].content must be a string, null or a list "
+                                f"of text parts ({{'type': 'text', 'text': ...}}); got "
+                                f"{str(m.get('content'))[:80]!r}")
+        if not _calls_ok(m.get("tool_calls")):
+            raise ApiError(400, f"messages[{i}].tool_calls must be a list of "
+                                "{'function': {'name': str, 'arguments': str}} objects")
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list)
                                   and all(isinstance(t, dict) for t in tools)):
@@ -183,11 +224,27 @@ def _checked(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | No
     return messages, tools or None
 
 
+def _content_ok(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content)
+
+
+def _calls_ok(calls: Any) -> bool:
+    if calls is None:
+        return True
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", ""), str) for c in calls)
+
+
 def _cap(body: dict[str, Any], cap: int) -> int:
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     if asked is None:
         return cap
-    if not isinstance(asked, int) or asked < 1:
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
         raise ApiError(400, f"max_tokens={asked!r} must be a positive integer")
     return min(asked, cap)
 
@@ -196,66 +253,14 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) and s for s in stops):
-        raise ApiError(400, f"stop={stop!r} must be a non-empty string or a list of them")
+        raise ApiError(400, f"stop={str(stop)[:80]!r} must be a non-empty string or a list of them")
     return tuple(stops)
-
-
-def _handler(server: AgentServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
-        def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
-            self._serve(lambda token, _: (server.episode(token), server.models())[1])
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._serve(lambda token, body: server.chat(server.episode(token), body))
-
-        def _serve(self, route: Callable[[str, Any], dict[str, Any]]) -> None:
-            try:
-                body = self._body()  # read first: the connection is kept alive
-                token, path = _split(self.path)
-                want = "/models" if self.command == "GET" else "/chat/completions"
-                if path != want:
-                    raise ApiError(404, f"no route {self.command} {path!r}; gfcr serves "
-                                        "GET /v1/models and POST /v1/chat/completions",
-                                   "not_found")
-                status, payload = 200, route(token, body)
-            except ApiError as err:
-                status = err.status
-                payload = {"error": {"message": err.message, "type": err.kind,
-                                     "param": None, "code": None}}
-            except Exception as err:  # noqa: BLE001 - answered to the client, not raised
-                status = 500
-                payload = {"error": {"message": f"{type(err).__name__}: {err}",
-                                     "type": "server_error", "param": None, "code": None}}
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> Any:
-            if self.command != "POST":
-                return None
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                self.close_connection = True  # its body stays unread
-                raise ApiError(413, f"request body of {size} bytes is over {MAX_BODY}")
-            try:
-                return json.loads(self.rfile.read(size) or b"null")
-            except ValueError as err:
-                raise ApiError(400, f"the request body is not JSON: {err}") from None
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: an agent's calls are recorded in the rollouts, not in the log."""
-
-    return Handler
 
 
 def _split(path: str) -> tuple[str, str]:
     """(episode token, route) of ``/ep/<token>/v1/<route>``."""
     parts = path.split("?", 1)[0].split("/")
     if len(parts) < 5 or parts[1] != "ep" or parts[3] != "v1":
-        raise ApiError(404, f"no route {path!r}; use the base URL of the client gfcr "
+        raise ApiError(404, f"no route {path[:80]!r}; use the base URL of the client gfcr "
                             "passes to the agent (…/ep/<token>/v1)", "not_found")
     return parts[2], "/" + "/".join(parts[4:])

@@ -114,13 +114,21 @@ def pool(ctx: StepContext, label: str) -> pa.Table:
     return prompts
 
 
+TIE_DECIMALS = 9
+"""Scores equal to this many decimals are ties. Selector scores are sums and products of
+floats whose last bits depend on the CPU's SIMD kernels; a choice between two prompts
+must not (it did: the same seed drew other prompts on another CPU)."""
+
+
 def pick(chosen: pa.Table, prompts: pa.Table, scores: np.ndarray, k: int,
          rng: np.random.Generator) -> pa.Table:
-    """``chosen`` plus the ``k`` best-scoring prompts not already chosen (ties broken at
-    random by ``rng``, so equal scores do not favour the pool's order)."""
+    """``chosen`` plus the ``k`` best-scoring prompts not already chosen (scores equal to
+    :data:`TIE_DECIMALS` decimals are ties, broken at random by ``rng``, so equal scores
+    favour neither the pool's order nor the machine's rounding)."""
     taken = set(chosen.column(col.PROMPT_ID).to_pylist())
     order = rng.permutation(prompts.num_rows)
-    order = order[np.argsort(-np.asarray(scores, dtype=float)[order], kind="stable")]
+    rounded = np.round(np.asarray(scores, dtype=float), TIE_DECIMALS)
+    order = order[np.argsort(-rounded[order], kind="stable")]
     ids = prompts.column(col.PROMPT_ID).to_pylist()
     picked = [int(i) for i in order if ids[i] not in taken][:k]
     return append(chosen, prompts.take(pa.array(picked, pa.int64())))

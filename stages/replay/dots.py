@@ -102,15 +102,17 @@ class DOTS(StageSpec):
         return (own_s + OWN_STRENGTH * prior) / (own_n + OWN_STRENGTH)
 
     def _cosine(self, left: list[str], right: list[str]) -> np.ndarray:
-        """Cosine similarity of TF-IDF vectors (IDF fitted on both sides together)."""
+        """Cosine similarity of TF-IDF vectors (IDF fitted on both sides together), in
+        float64: in float32 the BLAS kernel a CPU picks changed the last bits, and with
+        them which of two near-equal candidates was drawn (see ``_beliefs.pick``)."""
         docs = [self._ngrams(t) for t in left + right]
         vocab = {g: i for i, g in enumerate(sorted(set().union(*docs)))}
-        counts = np.zeros((len(docs), len(vocab)), dtype=np.float32)
+        counts = np.zeros((len(docs), len(vocab)), dtype=np.float64)
         for d, grams in enumerate(docs):
             for g, c in grams.items():
                 counts[d, vocab[g]] = 1.0 + np.log(c)
         df = (counts > 0).sum(axis=0)
-        vec = counts * np.log((1.0 + len(docs)) / (1.0 + df)).astype(np.float32)
+        vec = counts * np.log((1.0 + len(docs)) / (1.0 + df))
         vec /= np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)
         return vec[:len(left)] @ vec[len(left):].T
 

@@ -1,4 +1,4 @@
-"""FSDP2 for the sharded learner's processes (gfcr.transport.sharded starts them with torchrun;
+"""FSDP2 for the sharded learner's processes (gfcr.transport.sharded starts them;
 stages.train.fsdp_rank is their program).
 
 Each process holds a shard of every parameter, gradient and AdamW moment:

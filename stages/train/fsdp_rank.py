@@ -1,5 +1,6 @@
-"""The program of one sharded-learner process: ``python -m torch.distributed.run
---nproc-per-node N -m stages.train.fsdp_rank``, started by gfcr.transport.sharded.
+"""The program of one sharded-learner process: ``python -m stages.train.fsdp_rank``, N of
+them started by gfcr.transport.sharded_ranks (``RANK``, ``WORLD_SIZE`` and a file store
+in their environment: the group meets in the store, nothing of it listens beyond loopback).
 
 Each rank connects to the flow process (the address and key in its environment), takes
 its setup (the policy component, the train stage, the seed), builds the policy, shards it
@@ -7,8 +8,8 @@ its setup (the policy component, the train stage, the seed), builds the policy, 
 every rank receives each command from the flow process directly (so no rank waits in a
 collective between updates, however long generation takes), runs it in step with the
 others, and answers; rank 0's answer carries the value. A rank that fails answers with
-its traceback and exits, which ends the process group (torchrun stops the others): the
-learner is gone and the run fails, naming the rank.
+its traceback and exits; the flow process then stops the others: the learner is gone
+and the run fails, naming the rank.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from gfcr.core.stage import StepContext, TrainResult
 from gfcr.runner.weights import WeightStore
-from gfcr.transport import sharded
+from gfcr.transport import sharded, sharded_ranks
 from stages.engines.torch_io import TORCH_IO
 from stages.train import fsdp
 from stages.train.ranks import Shardable
@@ -184,7 +185,10 @@ def serve(conn: socket.socket, rank: int) -> None:
         raise TypeError(f"rank {rank}: the first message is {type(setup).__name__}, "
                         "not the learner's setup")
     device = _device(setup.device, int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.FileStore(os.environ[sharded_ranks.STORE], world)  # nothing listens
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=world,
                             timeout=timedelta(seconds=setup.timeout_s))
     worker = Rank(setup, device)
     worker.publish(0)

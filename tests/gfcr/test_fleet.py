@@ -139,13 +139,14 @@ def test_a_server_restarted_with_other_weights_is_reloaded_before_it_is_used(
     survivor, victim = fleet
     victim.kill()  # whatever the test before left, it now restarts on other weights
     save_policy(VLLM_POLICY.build(seed=1), tmp_path / "other")
-    fleet[1] = servers.start(tmp_path / "other", tmp_path / "restarted.log", port=victim.port)
+    fleet[1] = servers.start(tmp_path / "other", tmp_path / "restarted.log", victim.key_file,
+                             victim.weights_root, port=victim.port)
     policy = VLLM_POLICY.build(seed=0)
     store = WeightStore(tmp_path / "w", policy.io)
     published = store.publish(_Handle(policy), 4, "restart")
     messages: list[str] = []
     engine = FleetEngine(policy, [survivor.url, victim.url], timeout_s=60,
-                         notify=messages.append)
+                         notify=messages.append, key=survivor.key())
     engine.load(str(published.path), 4, published.ident)  # the victim is not up yet
     assert victim.url in engine.down
     servers.wait_healthy([fleet[1]])
@@ -173,3 +174,41 @@ class _Handle:
 
     def save(self, path: Path, dtype: str | None = None) -> None:
         self.policy.save_weights(path, dtype)
+
+
+def test_resume_on_a_fleet_trains_on_the_stored_rows(
+        tmp_path: Path, fleet: list[servers.Started], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drill D6b: a fleet run stopped after step 2 (its checkpoint after step 1) and
+    resumed replays step 2; vLLM across servers does not reproduce its batch, yet the
+    learner trains on exactly the rows the store holds for it."""
+    from gfcr.runner.inprocess import LocalLearner
+    from tests.gfcr.test_resume import Crash, CrashAt
+
+    urls = tuple(s.url for s in fleet)
+    p = tiny_pipeline(
+        steps=4, policy=VLLM_POLICY, engine=vllm_engine_spec(),
+        stages=[UniformSampler(batch=2), GroupSample(n=4, max_tokens=8), Verify(),
+                GRPO(lr=1e-2)]
+    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4", "checkpoint.every=2"])
+    with pytest.raises(Crash):
+        execute(p, root=tmp_path, executor="local", run_id="fleet-resume",
+                fleet=Fleet(urls=urls), hooks=[CrashAt(2)])
+    trained: dict[int, list[Any]] = {}
+    update = LocalLearner.update
+
+    def recording(self: Any, ctx: Any, batch: pa.Table) -> Any:
+        trained[ctx.step] = batch.select(["rollout_id", "completion_ids", "logprobs"]
+                                         ).to_pylist()
+        return update(self, ctx, batch)
+
+    monkeypatch.setattr(LocalLearner, "update", recording)
+    summary = execute(p, root=tmp_path, executor="local", run_id="fleet-resume",
+                      fleet=Fleet(urls=urls))
+    assert summary.resumed_from == 1 and sorted(trained) == [2, 3]
+    rows = _rows(tmp_path)
+    ids = rows["rollout_id"].to_pylist()
+    assert rows.num_rows == 4 * 8 and len(set(ids)) == len(ids)  # each step once
+    step2 = [r for r in rows.to_pylist() if r["step"] == 2 and r["kept"]]
+    want = sorted(({k: r[k] for k in ("rollout_id", "completion_ids", "logprobs")}
+                   for r in step2), key=lambda r: r["rollout_id"])
+    assert sorted(trained[2], key=lambda r: r["rollout_id"]) == want

@@ -18,7 +18,7 @@ from gfcr.launch.run import execute
 from gfcr.runner.weights import WeightStore, directory
 from gfcr.transport.fleet import Fleet
 from pipelines.agentic import pipeline as agentic
-from stages import GRPO, AgentEnv, Episodes, UniformSampler
+from stages import GRPO, AgentEnv, Episodes, TinyLlama, UniformSampler
 from stages.engines import teacher
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
@@ -85,17 +85,22 @@ def test_agentic_episodes_run_two_steps_on_the_fleet_token_exact(
     assert summary.history[-1]["fleet/servers_live"] == 2.0
 
 
+def _agent_pipeline(policy: Any, agent: str) -> Pipeline:
+    """One step of AgentEnv (two tasks, two episodes each) on the fleet's vLLM engine."""
+    return tiny_pipeline(
+        steps=1, policy=policy, engine=vllm_engine_spec(),
+        stages=[UniformSampler(batch=2),
+                AgentEnv(agent=f"tests.resources.agents:{agent}", n=2, max_tokens=4,
+                         window=5.0),
+                GRPO(lr=1e-2)]
+    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
+
+
 def test_agent_env_serves_an_openai_client_agent_from_the_fleet(
         tmp_path: Path, fleet: list[servers.Started]) -> None:
     needs_openai()
     urls = {s.url for s in fleet}
-    p = tiny_pipeline(
-        steps=1, policy=VLLM_POLICY, engine=vllm_engine_spec(),
-        stages=[UniformSampler(batch=2),
-                AgentEnv(agent="tests.resources.agents:follow_up", n=2, max_tokens=4,
-                         window=5.0),
-                GRPO(lr=1e-2)]
-    ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
+    p = _agent_pipeline(VLLM_POLICY, "follow_up")
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-fleet",
                       fleet=Fleet(urls=tuple(sorted(urls))))
     assert summary.steps == 1
@@ -126,3 +131,25 @@ def test_a_turn_the_servers_refuse_fails_the_run_naming_the_stage_and_the_fleet(
                                          "at step 0: vLLM server http://.*HTTP 400"):
         execute(p, root=tmp_path, executor="local",
                 fleet=Fleet(urls=tuple(s.url for s in fleet)))
+
+
+def test_an_overlong_conversation_on_a_fleet_fails_only_itself(
+        tmp_path: Path, fleet: list[servers.Started]) -> None:
+    """Drill A9: one episode's call is longer than the servers' --max-model-len (256);
+    the policy's own context (512) lets it through to a server, whose HTTP 400 fails
+    that call alone: the other episodes are answered and the step is stored."""
+    needs_openai()
+    from tests.resources import agents
+
+    agents.reset_one_long()
+    policy = TinyLlama(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+                       max_position=512)  # VLLM_POLICY's weights, a longer context
+    p = _agent_pipeline(policy, "one_long")
+    summary = execute(p, root=tmp_path, executor="local", run_id="agent-long",
+                      fleet=Fleet(urls=tuple(s.url for s in fleet)))
+    assert summary.steps == 1
+    rows = _rows(tmp_path, "agent-long")
+    errors = [r["score_error"] for r in rows if r["score_error"] is not None]
+    assert len(errors) == 1 and "HTTP 400" in errors[0] and "256" in errors[0]
+    answered = [r for r in rows if r["score_error"] is None]
+    assert len(answered) >= 3 and all(r["reward"] == 1.0 for r in answered)

@@ -34,7 +34,10 @@ def test_sample_trajectories_render_one_bubble_per_turn(tmp_path):
     assert "Sample trajectories" in html and "Sample trajectories" not in single
     assert html.count('class="chat"') == 3 and html.count('class="bubble') == 12
     assert "tool python" in html and "error: ZeroDivisionError: division by zero" in html
-    assert "prompt agent" not in html and "prompt g" in html  # the first turn's text
+    # every turn as text, decoded with the run's own tokenizer (the tiny pipeline's
+    # characters: ids 5 6 are "23"), its ids on demand; not "13 122 117 ..."
+    assert "<pre>23</pre><details><summary>ids</summary><code>5 6</code>" in html
+    assert '6<span class="masked">78</span>' in html
     wrong = next(p for p in picked if p["kind"] == "wrong")
     # its answer turn: 9 in the loss, 10 11 struck through
     assert re.search(r'9<span class="masked">10 11</span>', render_chats([wrong]))

@@ -4,6 +4,8 @@ commits every step once, continues its MLflow run, and refuses a changed pipelin
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -130,6 +132,40 @@ def test_a_crash_after_the_last_checkpoint_replays_committed_steps_once(tmp_path
     assert run.info.status == "FINISHED" and run.data.tags["gfcr.resumed"] == "true"
     logged = [m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")]
     assert logged == [0, 1, 2, 3, 4]  # step 2 logged once, before the crash
+
+
+def test_a_replayed_step_trains_on_the_stored_rows_when_regeneration_differs(
+        tmp_path, uninterrupted, monkeypatch):
+    """Generation of the replayed step made non-deterministic (another sampling seed, as
+    a fleet's batching would): the replay regenerates other rows, yet the learner trains
+    on the rows the store holds, so the resumed run still ends as the uninterrupted one."""
+    from gfcr.runner.inprocess import LocalLearner
+
+    root_a, _ = uninterrupted
+    p = _pipeline(5, every=2)
+    with pytest.raises(Crash):
+        execute(p, root=tmp_path, executor="local", run_id="b", hooks=[CrashAt(2)])
+    trained: dict[int, list] = {}
+    update, params = LocalLearner.update, GroupSample.params
+
+    def recording(self, ctx, batch):
+        trained[ctx.step] = batch.select(["rollout_id", "completion_ids"]).to_pylist()
+        return update(self, ctx, batch)
+
+    def perturbed(self, ctx):
+        out = params(self, ctx)
+        return out.model_copy(update={"seed": out.seed + 1}) if ctx.step == 2 else out
+
+    monkeypatch.setattr(LocalLearner, "update", recording)
+    monkeypatch.setattr(GroupSample, "params", perturbed)
+    with pytest.warns(RuntimeWarning, match="replaying step 2 .* trains on the stored rows"):
+        summary = execute(p, root=tmp_path, executor="local", run_id="b")
+    assert summary.resumed_from == 1 and summary.history[2]["resume/replay_mismatch"] > 0
+    stored = _rows(tmp_path, "b").filter(pa.compute.equal(_rows(tmp_path, "b")["step"], 2))
+    kept = stored.filter(stored["kept"]).select(["rollout_id", "completion_ids"]).to_pylist()
+    key = lambda r: r["rollout_id"]  # noqa: E731
+    assert sorted(trained[2], key=key) == sorted(kept, key=key)  # exactly the stored rows
+    _assert_same_run(root_a, tmp_path)  # and so the same weights and later rollouts
 
 
 def test_a_resume_logs_the_steps_a_killed_run_left_out_of_mlflow(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -113,3 +114,30 @@ def test_the_file_sync_writes_each_version_once_in_the_engine_dtype(tmp_path):
     store.load(target, 4)  # a float32 model loads the bfloat16 file, cast back
     for a, b in zip(source.state_dict().values(), target.state_dict().values()):
         assert torch.equal(a.to(torch.bfloat16).float(), b)
+
+
+def test_a_published_version_is_checked_by_hash_and_folder_before_a_server_loads_it(tmp_path):
+    """gfcr.runner.published (issue 30): what a fleet server accepts to load. The
+    manifest carries each file's SHA-256; a changed byte, a folder outside the root and a
+    manifest naming a file outside its folder are refused naming what is wrong."""
+    from gfcr.runner.published import BadVersion, check
+
+    store = WeightStore(directory(tmp_path, "run-1"), TORCH_IO)
+    found = store.publish(_handle(_model(1)), 3, "run-1")
+    checked = check(found.path, tmp_path)
+    assert (checked.version, checked.ident) == (3, found.ident)
+    assert checked.blobs == {"model.safetensors": found.weights.read_bytes()}
+    with pytest.raises(BadVersion, match="not under the server's weights root"):
+        check(found.path, tmp_path / "other")
+    with pytest.raises(BadVersion, match="not an absolute path"):
+        check(os.path.relpath(found.path), tmp_path)
+    data = bytearray(found.weights.read_bytes())
+    data[-1] ^= 1
+    found.weights.write_bytes(bytes(data))
+    with pytest.raises(BadVersion, match="changed after publication"):
+        check(found.path, tmp_path)
+    manifest = json.loads((found.path / MANIFEST).read_text())
+    manifest["files"] = ["../../../x"]
+    (found.path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BadVersion, match="not a plain name"):
+        check(found.path, tmp_path)

@@ -4,7 +4,12 @@ store or the loop that alters a stored row (its tokens, log-probabilities, rewar
 advantages or policy versions) fails the pipeline tests that compare against them.
 
 The files were written by the code before the versioned-schema change (issue 21, item 5)
-and are only rewritten on purpose: ``GFCR_WRITE_GOLDEN=1 pytest tests/pipelines``.
+and are only rewritten on purpose: ``GFCR_WRITE_GOLDEN=1 pytest tests/pipelines``. The
+``dots_rr`` files were rewritten (Nov 28) when DOTS's choice stopped depending on the CPU's
+rounding (float64 similarities, ties to 9 decimals in ``stages.replay._beliefs.pick``):
+before, another OpenBLAS kernel drew other prompts at step 1. Checked since: every HF
+golden passes under ``OPENBLAS_CORETYPE`` Haswell, Zen, Sandybridge, SkylakeX and Prescott
+and ``ATEN_CPU_CAPABILITY`` avx2 and default.
 
 What is compared, and how: every row of the run, ordered by (step, rollout id); ids,
 token ids, versions, status and counts exactly; ``logprobs`` per token within

@@ -206,3 +206,54 @@ def taught(policy: Policy, prompt_ids: list[int], target: list[int], *, steps: i
             return step + 1
     raise AssertionError(f"the policy did not learn the target in {steps} steps "
                          f"(loss {float(loss):.3f})")
+
+
+HOSTILE = {
+    "huge": [{"role": "user", "content": "1+" * 150_000}],
+    "long": [{"role": "user", "content": "1+" * 200}],
+    "null": [{"role": "user", "content": [None, 1]}],
+    "empty": [{"role": "user", "content": [{"type": "text", "text": ""}]}],
+    "poison": [{"role": "user", "content": "poison"}],
+}
+"""What :func:`hostile` sends for each prompt (any other prompt: one ordinary question)."""
+
+
+def hostile(client: Any, task: dict) -> float:
+    """One call with the messages :data:`HOSTILE` names for its prompt (drills A1, A2,
+    A9), else an ordinary one; 1.0 when answered (a refusal raises, and is recorded)."""
+    messages = HOSTILE.get(task["question"], [{"role": "user", "content": task["question"]}])
+    client.chat.completions.create(model="m", max_tokens=2, messages=messages)
+    return 1.0
+
+
+class Poisoned(Recording):
+    """A real engine that raises for a whole call when one of its requests decodes to
+    "poison" (an engine fault one request causes, as A2's empty prompt did)."""
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams,
+                 on_segment: SegmentHook | None = None) -> list[GenOutput]:
+        if any(self.decode(r.prompt_ids).endswith("poison") for r in requests):
+            self.calls.append((requests, params, []))
+            raise ValueError(f"request poisoned the call of {len(requests)}")
+        return super().generate(requests, params, on_segment)
+
+
+_LONG_SENT = threading.Lock()
+_LONG = {"sent": False}
+
+
+def one_long(client: Any, task: dict) -> float:
+    """The first episode to call sends a message longer than the fleet servers' context
+    (400 characters: over their ``--max-model-len 256``, drill A9); every other one asks
+    its question. Reset :data:`_LONG` between runs (:func:`reset_one_long`)."""
+    with _LONG_SENT:
+        long, _LONG["sent"] = not _LONG["sent"], True
+    text = "1+" * 200 if long else task["question"]
+    client.chat.completions.create(model="m", max_tokens=2,
+                                   messages=[{"role": "user", "content": text}])
+    return 1.0
+
+
+def reset_one_long() -> None:
+    with _LONG_SENT:
+        _LONG["sent"] = False

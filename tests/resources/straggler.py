@@ -56,9 +56,9 @@ def _handler(proxy: Straggler) -> type[BaseHTTPRequestHandler]:
                 return self._answer(503, b"released straggler", "text/plain")
             upstream = http.client.HTTPConnection(proxy.target.hostname or "127.0.0.1",
                                                   proxy.target.port, timeout=600)
-            kind = self.headers.get("Content-Type")
-            upstream.request(self.command, self.path, body or None,
-                             {"Content-Type": kind} if kind else {})
+            passed = {name: self.headers[name] for name in ("Content-Type", "Authorization")
+                      if self.headers.get(name)}  # the fleet's key goes on to the server
+            upstream.request(self.command, self.path, body or None, passed)
             reply = upstream.getresponse()
             self._answer(reply.status, reply.read(), reply.getheader("Content-Type", ""))
             upstream.close()

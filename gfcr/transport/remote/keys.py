@@ -48,21 +48,29 @@ def key_path(path: str | Path | None) -> Path:
 def load_key(path: str | Path | None) -> bytes:
     """The key in ``path`` (or the file ``GFCR_POOL_KEY_FILE`` names), checked: a file
     of at least MIN_CHARS characters that only its owner may read."""
-    where = key_path(path)
+    return read_key(key_path(path), "pool key")
+
+
+def read_key(where: Path, what: str) -> bytes:
+    """The key in the file ``where`` (a ``what``: "pool key", "fleet key"), checked: a
+    regular file of at least MIN_CHARS characters that only its owner may read; KeyProblem
+    naming the file and the fix otherwise. Shared by score pools and fleets
+    (gfcr.transport.fleet_gate)."""
+    make = MAKE.replace("pool.key", where.name)
     try:
         info = where.stat()
         text = where.read_bytes().strip()
     except OSError as err:
-        raise KeyProblem(f"pool key {str(where)!r}: cannot read it ({err.strerror}); make "
-                         f"one with `{MAKE}`") from None
+        raise KeyProblem(f"{what} {str(where)!r}: cannot read it ({err.strerror}); make "
+                         f"one with `{make}`") from None
     if not stat.S_ISREG(info.st_mode):
-        raise KeyProblem(f"pool key {str(where)!r} is not a file")
+        raise KeyProblem(f"{what} {str(where)!r} is not a file")
     if info.st_mode & 0o077:
-        raise KeyProblem(f"pool key {str(where)!r} may be read by others (mode "
+        raise KeyProblem(f"{what} {str(where)!r} may be read by others (mode "
                          f"{stat.S_IMODE(info.st_mode):o}): `chmod 600 {where}`")
     if len(text) < MIN_CHARS:
-        raise KeyProblem(f"pool key {str(where)!r} holds {len(text)} characters; a key "
-                         f"needs at least {MIN_CHARS} (make one with `{MAKE}`)")
+        raise KeyProblem(f"{what} {str(where)!r} holds {len(text)} characters; a key "
+                         f"needs at least {MIN_CHARS} (make one with `{make}`)")
     return text
 
 

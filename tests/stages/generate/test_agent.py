@@ -24,7 +24,8 @@ from tests.resources.rollouts import context
 
 openai = needs_openai()
 
-POLICY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+POLICY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                   max_position=1024)  # the tool-using conversations pass 256 tokens
 REF = "tests.resources.agents:"
 
 

@@ -120,6 +120,24 @@ def test_dots_without_history_draws_at_random_but_reproducibly():
         StepContext(run_id="r", step=0, seed=3, policy_version=0, task=pool), empty()))
 
 
+def test_a_pick_does_not_depend_on_the_last_bits_of_its_scores():
+    """Scores that differ only by rounding (another CPU's SIMD kernels: the dots_rr goldens
+    drew other prompts on another machine) are ties, broken by the seeded rng alone."""
+    pool = Pool([f"{i} + {i} =" for i in range(40)])
+    scores = np.repeat([0.25, 0.5, 0.75, 1.0], 10)
+    noisy = scores + np.random.default_rng(7).uniform(-1e-12, 1e-12, scores.size)
+
+    def draw(s):
+        return chosen_texts(_beliefs.pick(empty(), pool.table, s, 15, np.random.default_rng(1)))
+
+    assert draw(noisy) == draw(scores)
+    assert set(draw(scores)[:10]) == {f"{i} + {i} =" for i in range(30, 40)}  # the best first
+    # a real difference (1e-6) is never a tie
+    lifted = scores.copy()
+    lifted[20] += 1e-6
+    assert draw(scores)[10] != "20 + 20 =" and draw(lifted)[10] == "20 + 20 ="
+
+
 def _reads_evidence(ctx, stage):
     from stages.replay import _reads
 

@@ -131,6 +131,68 @@ def test_published_weights_reach_the_ranks_and_their_logprobs_match(sharded):
     assert max(abs(a - b) for g, w in zip(got, fresh) for a, b in zip(g, w)) > 1e-3
 
 
+def _listening(pids: list[int]) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) the processes listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.append(fields[1].split(":")[0])
+    return found
+
+
+def test_rendezvous_binds_loopback(sharded):
+    """Drill T1: torchrun's c10d store listened on every interface and took anyone's
+    reads and writes. The ranks meet in a file store now; what they listen on (gloo's
+    pairs) is the loopback address alone."""
+    assert sharded.logprobs([[5]], [[6]], 1.0)  # the group is up and has talked
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+    parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+               for pid in sharded.pids} - {os.getpid()}  # a launcher between us and them
+    addresses = _listening([*sharded.pids, *parents])
+    assert set(addresses) <= loopback, addresses
+
+
+def test_idle_connections_do_not_hold_the_accept_loop(tmp_path):
+    """Drill T3: peers that connect and send nothing held the serial accept loop for 10 s
+    each, so 3 of them outlasted a start-up deadline; now every hello is read as it
+    comes, and the two ranks are admitted within a deadline shorter than one hello's."""
+    import secrets
+    import socket
+    import struct
+
+    from gfcr.transport import sharded_ranks
+
+    class Alive:  # the ranks' processes, still running
+        procs = [None, None]
+
+        def exited(self) -> bool:
+            return False
+
+    server = socket.create_server(("127.0.0.1", 0))
+    key = secrets.token_bytes(16)
+    idle = [socket.create_connection(server.getsockname()) for _ in range(4)]
+    ranks = []
+    for rank in (1, 0):
+        conn = socket.create_connection(server.getsockname())
+        conn.sendall(key + struct.pack("!I", rank))
+        ranks.append(conn)
+    conns = sharded_ranks.accept(server, Alive(), key, timeout_s=sharded_ranks.HELLO_S - 4)
+    assert len(conns) == 2
+    for conn in [*conns, *idle, *ranks, server]:
+        conn.close()
+
+
 def _save(root: Path, learner: ShardedLearner, step: int) -> checkpoint.Checkpoint:
     return checkpoint.save(root, run_id="t", step=step, spec_hash="h", policy=learner.policy,
                            learner=learner, engine=None, progress={}, keep=2)

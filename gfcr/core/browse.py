@@ -1,0 +1,128 @@
+"""What a live view of a store reads (``gfcr ui``): typed rollout filters and the named
+reads that answer them, as a protocol the store implements (``store.browse``).
+
+gfcr holds no SQL: the UI asks for rows with a :class:`RolloutQuery` (every value bound by
+the store, never spliced into SQL text) through ``StoreBackend.browse``. Each read runs
+read-only at the store's latest committed snapshot, so it never blocks a writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol, Sequence
+
+import pyarrow as pa
+
+PAGE = 50
+"""Rollouts per page of the rollouts table."""
+MAX_PAGE = 500
+"""The most rollouts one page may ask for."""
+
+
+@dataclass(frozen=True)
+class RolloutQuery:
+    """Which rollouts of a run to show: each field None means "any". Checked on creation
+    (a bad value raises ValueError naming the field and the value)."""
+
+    step: int | None = None
+    stage: str | None = None
+    """The stage that dropped the row (``dropped_by``)."""
+    kept: bool | None = None
+    reason: str | None = None
+    """Text the drop reason contains."""
+    reward_min: float | None = None
+    reward_max: float | None = None
+    """Inclusive reward range; a bound set excludes unscored rows."""
+    len_min: int | None = None
+    len_max: int | None = None
+    """Inclusive range of ``n_tokens``."""
+    server: str | None = None
+    """The fleet server that generated the row (the ``server`` column)."""
+    version: int | None = None
+    """The policy version that sampled the row's first token."""
+    q: str | None = None
+    """Text the prompt or the completion contains (case-insensitive), or a rollout id."""
+    prompt_id: str | None = None
+    group_id: str | None = None
+    limit: int = PAGE
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        for low, high in (("reward_min", "reward_max"), ("len_min", "len_max")):
+            a, b = getattr(self, low), getattr(self, high)  # getattr: this dataclass's own fields
+            if a is not None and b is not None and a > b:
+                raise ValueError(f"{low}={a!r} is above {high}={b!r}")
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise ValueError(f"limit={self.limit!r} must be between 1 and {MAX_PAGE}")
+        if self.offset < 0:
+            raise ValueError(f"offset={self.offset!r} must not be negative")
+        for name in ("step", "len_min", "len_max", "version"):
+            value = getattr(self, name)  # getattr: this dataclass's own fields
+            if value is not None and not -2**62 < value < 2**62:
+                raise ValueError(f"{name}={value!r} is out of range")
+
+    def without(self, *names: str) -> RolloutQuery:
+        """This query with the fields ``names`` reset to None (e.g. the histogram's own
+        reward range)."""
+        changes: dict[str, Any] = {name: None for name in names}
+        return replace(self, **changes)
+
+    def as_params(self) -> dict[str, str]:
+        """The query as URL parameters (fields at their default left out)."""
+        default = RolloutQuery()
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)  # getattr: this dataclass's own fields
+            if value is not None and value != getattr(default, f.name):
+                out[f.name] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+
+class BrowseReads(Protocol):
+    """Named, read-only reads a live view makes of a store (``store.browse``)."""
+
+    def runs_overview(self) -> pa.Table:
+        """One row per run, newest first: ``run_id``, ``pipeline``, ``status``,
+        ``started_at``, ``finished_at``, ``error``, ``steps``, ``last_step``, ``rollouts``,
+        ``reward`` (the last step's mean reward metric), ``accuracy`` (the latest held-out
+        accuracy), ``rollouts_per_s`` (rollouts over the time between the first and the
+        last step's commit)."""
+        ...
+
+    def marker(self, run_id: str) -> dict[str, Any] | None:
+        """What says a run moved: ``status``, ``last_step``, ``steps``, ``error`` (None:
+        no such run). Cheap: read every half second by the live view."""
+        ...
+
+    def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
+        """One page of the run's rollouts that meet ``query``, by step (newest first),
+        group and sample, with short texts."""
+        ...
+
+    def histogram(self, run_id: str, query: RolloutQuery, bins: int) -> tuple[int, pa.Table]:
+        """How many rollouts meet ``query``, and ``bins`` equal reward bins over the scored
+        rows that meet it with its reward range aside (``bin``, ``low``, ``high``, ``n``;
+        empty bins left out), in one scan."""
+        ...
+
+    def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
+        """Every stored column of one rollout (its ``turns`` derived for a row stored
+        before turns existed), or None."""
+        ...
+
+    def children(self, run_id: str, rollout_id: str) -> pa.Table:
+        """Rows continued or branched from ``rollout_id`` (``parent_id``): ``run_id``,
+        ``step``, ``rollout_id``, ``reward``, ``kept``."""
+        ...
+
+    def prompt_rows(self, prompt_id: str, run_ids: Sequence[str], limit: int) -> pa.Table:
+        """Up to ``limit`` rows of one prompt in ``run_ids``, by run and step."""
+        ...
+
+    def drop_reasons(self, run_id: str) -> pa.Table:
+        """The run's (``dropped_by``, ``reason``, ``n``) over all steps, commonest first."""
+        ...
+
+    def columns(self) -> list[str]:
+        """The columns of the store's ``rollouts`` table."""
+        ...

@@ -1,0 +1,177 @@
+"""The reads of a live view (gfcr.core.browse.BrowseReads, ``gfcr ui``), with their SQL
+here, store-side.
+
+Every read goes through ``RolloutStore.sql`` (the read-only, sandboxed connection and the
+SQL guard) with its values bound as parameters; a filter becomes a WHERE clause built
+from fixed fragments, one per :class:`RolloutQuery` field. Reads stay cheap on a store of
+millions of rows: the runs list and the live marker read the small ``runs``, ``steps``
+and ``evaluations`` tables only, and a page of rollouts reads short prefixes of the texts.
+A store written by an older gfcr (no ``turns``, ``server`` or ``error`` column) reads
+alike, with those values null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+
+from gfcr.core.browse import RolloutQuery
+from gfcr.core.rollout import with_turns
+
+from .lake import RolloutStore
+
+CLIP = 160
+"""Characters of the prompt and completion a table row shows."""
+
+_FILTERS: dict[str, str] = {
+    "step": "step = $step",
+    "stage": "dropped_by = $stage",
+    "kept": "kept = $kept",
+    "reason": "contains(coalesce(drop_reason, ''), $reason)",
+    "reward_min": "reward >= $reward_min",
+    "reward_max": "reward <= $reward_max",
+    "len_min": "n_tokens >= $len_min",
+    "len_max": "n_tokens <= $len_max",
+    "server": "server = $server",
+    "version": "policy_version_start = $version",
+    "q": "(contains(lower(prompt), lower($q)) OR contains(lower(completion), lower($q)) "
+         "OR rollout_id = $q)",
+    "prompt_id": "prompt_id = $prompt_id",
+    "group_id": "group_id = $group_id",
+}
+"""Per RolloutQuery field, its condition (its value bound under the field's name)."""
+
+_OVERVIEW = """
+WITH s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step, sum(n_rollouts)::BIGINT AS rollouts,
+                  arg_max(metrics['reward_mean'], step) AS reward,
+                  arg_max(metrics['heldout_accuracy'], step)
+                    FILTER (WHERE metrics['heldout_accuracy'] IS NOT NULL) AS step_accuracy,
+                  epoch(max(committed_at) - min(committed_at)) AS span,
+                  arg_min(n_rollouts, step) AS first_rollouts
+           FROM steps GROUP BY run_id),
+e AS ({evaluations})
+SELECT r.run_id, r.pipeline, r.status, r.started_at, r.finished_at, {error} AS error,
+       coalesce(s.steps, 0) AS steps, s.last_step, coalesce(s.rollouts, 0) AS rollouts, s.reward,
+       coalesce(e.accuracy, s.step_accuracy) AS accuracy,
+       CASE WHEN s.span > 0 THEN (s.rollouts - s.first_rollouts) / s.span END AS rollouts_per_s
+FROM runs r LEFT JOIN s USING (run_id) LEFT JOIN e USING (run_id)
+ORDER BY r.started_at DESC
+"""
+
+_NO_EVALS = "SELECT NULL::VARCHAR AS run_id, NULL::DOUBLE AS accuracy WHERE false"
+
+
+class BrowseReads:
+    """The live view's reads of ``store``; see gfcr.core.browse.BrowseReads."""
+
+    def __init__(self, store: RolloutStore):
+        self.store = store
+        self._columns: list[str] | None = None
+        self._tables: set[str] | None = None
+
+    def columns(self) -> list[str]:
+        if self._columns is None:
+            self._columns = list(self.store.sql("SELECT * FROM rollouts LIMIT 0").column_names)
+        return self._columns
+
+    def _has_table(self, name: str) -> bool:
+        if self._tables is None:
+            self._tables = set(self.store.sql(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+            ).column("table_name").to_pylist())
+        return name in self._tables
+
+    def _runs_has_error(self) -> bool:
+        return "error" in self.store.sql("SELECT * FROM runs LIMIT 0").column_names
+
+    def runs_overview(self) -> pa.Table:
+        error = "r.error" if self._runs_has_error() else "NULL::VARCHAR"
+        evaluations = _NO_EVALS
+        if self._has_table("evaluations"):
+            evaluations = "SELECT run_id, arg_max(accuracy, step) AS accuracy FROM evaluations GROUP BY run_id"
+        return self.store.sql(_OVERVIEW.format(error=error, evaluations=evaluations))
+
+    def marker(self, run_id: str) -> dict[str, Any] | None:
+        error = "error" if self._runs_has_error() else "NULL::VARCHAR"
+        rows = self.store.sql(
+            f"SELECT status, {error} AS error, finished_at, "
+            "(SELECT max(step) FROM steps WHERE run_id = $run) AS last_step, "
+            "(SELECT count(*) FROM steps WHERE run_id = $run) AS steps "
+            "FROM runs WHERE run_id = $run", {"run": run_id}).to_pylist()
+        return rows[0] if rows else None
+
+    def _where(self, run_id: str, query: RolloutQuery) -> tuple[str, dict[str, Any]]:
+        have = set(self.columns())
+        conditions, params = ["run_id = $run"], {"run": run_id}
+        for name, fragment in _FILTERS.items():
+            value = getattr(query, name)  # getattr: the query's own fields, by name
+            if value is None:
+                continue
+            if name == "server" and "server" not in have:
+                raise ValueError(f"server={value!r}: this store records no server (its rollouts "
+                                 "have no 'server' column; only fleet runs write one)")
+            conditions.append(fragment)
+            params[name] = value
+        return " AND ".join(conditions), params
+
+    def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
+        where, params = self._where(run_id, query)
+        have = set(self.columns())
+        server = "server" if "server" in have else "NULL::VARCHAR AS server"
+        turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
+        return self.store.sql(
+            f"SELECT rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
+            f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
+            f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns "
+            f"FROM rollouts WHERE {where} ORDER BY step DESC, group_id, sample_idx, rollout_id "
+            "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
+
+    def histogram(self, run_id: str, query: RolloutQuery, bins: int) -> tuple[int, pa.Table]:
+        where, params = self._where(run_id, query.without("reward_min", "reward_max"))
+        ranged = [c for c, v in (("reward >= $reward_min", query.reward_min),
+                                 ("reward <= $reward_max", query.reward_max)) if v is not None]
+        params |= {k: v for k, v in (("reward_min", query.reward_min),
+                                     ("reward_max", query.reward_max)) if v is not None}
+        bins = max(1, min(int(bins), 200))
+        table = self.store.sql(  # one scan: the page's count rides along with the bins
+            f"WITH r AS MATERIALIZED (SELECT reward FROM rollouts WHERE {where}), "
+            f"b AS (SELECT min(reward) AS lo, max(reward) AS hi, "
+            f"count(*) FILTER (WHERE {' AND '.join(ranged) or 'true'}) AS total FROM r), "
+            "c AS (SELECT least(floor((reward - lo) / nullif(hi - lo, 0) * $bins), $bins - 1)::BIGINT AS bin, "
+            "count(*) AS n FROM r, b WHERE reward IS NOT NULL GROUP BY 1) "
+            "SELECT b.total, coalesce(c.bin, 0) AS bin, b.lo + coalesce(c.bin, 0) * (b.hi - b.lo) / $bins AS low, "
+            "b.lo + (coalesce(c.bin, 0) + 1) * (b.hi - b.lo) / $bins AS high, c.n "
+            "FROM b LEFT JOIN c ON true ORDER BY bin", {**params, "bins": bins})
+        total = int(table.column("total")[0].as_py() or 0) if table.num_rows else 0
+        bars = table.drop_columns(["total"]).filter(pa.compute.is_valid(table.column("n")))
+        return total, bars
+
+    def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
+        table = self.store.sql("SELECT * FROM rollouts WHERE run_id = $run AND rollout_id = $id LIMIT 1",
+                               {"run": run_id, "id": rollout_id})
+        if not table.num_rows:
+            return None
+        return dict(with_turns(table).to_pylist()[0])
+
+    def children(self, run_id: str, rollout_id: str) -> pa.Table:
+        return self.store.sql(
+            "SELECT run_id, step, rollout_id, reward, kept FROM rollouts "
+            "WHERE run_id = $run AND parent_id = $id ORDER BY step, rollout_id LIMIT 50",
+            {"run": run_id, "id": rollout_id})
+
+    def prompt_rows(self, prompt_id: str, run_ids: Sequence[str], limit: int) -> pa.Table:
+        return self.store.sql(
+            f"SELECT run_id, step, rollout_id, group_id, sample_idx, left(prompt, {20 * CLIP}) AS prompt, "
+            f"left(completion, {4 * CLIP}) AS completion, "
+            "reward, advantage, kept, drop_reason, n_tokens FROM rollouts "
+            "WHERE prompt_id = $prompt AND list_contains($runs::VARCHAR[], run_id) "
+            "ORDER BY run_id, step, group_id, sample_idx LIMIT $n",
+            {"prompt": prompt_id, "runs": list(run_ids), "n": int(limit)})
+
+    def drop_reasons(self, run_id: str) -> pa.Table:
+        return self.store.sql(
+            "SELECT dropped_by, coalesce(drop_reason, '?') AS reason, count(*) AS n FROM rollouts "
+            "WHERE run_id = $run AND NOT kept GROUP BY ALL ORDER BY n DESC LIMIT 50", {"run": run_id})

@@ -1,0 +1,136 @@
+"""gfcr ui without a browser: a store written by an older gfcr served read-only as it is
+(and ``gfcr report`` on it), a run read while a step commits between two of its reads,
+the token asked off the loopback address, and bad URL parameters named."""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli import app
+from gfcr.core.browse import RolloutQuery
+from gfcr.report import data as report_data
+from gfcr.ui import UiServer, serve
+from gfcr.ui.context import UiError
+from gfcr.ui.params import rollout_query
+from store import RolloutStore
+from tests.resources import old_store
+from tests.resources.runs import synthetic_run
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_an_old_store_is_served_and_reported_as_it_is(tmp_path: Path) -> None:
+    root = old_store.copy(tmp_path / "v1")
+    before = _digest(root / "store")
+    server = serve(str(root / "store"), port=0)
+    try:
+        base = server.url.rstrip("/")
+        pages = ["/", f"/runs/{old_store.RUN_ID}", f"/runs/{old_store.RUN_ID}/rollouts?kept=false",
+                 f"/api/series?runs={old_store.RUN_ID}", f"/fragment/runs/{old_store.RUN_ID}/doctor"]
+        for path in pages:
+            status, body = _get(base + path)
+            assert status == 200 and "Traceback" not in body, (path, body[-500:])
+        _, listing = _get(base + f"/runs/{old_store.RUN_ID}/rollouts")
+        rollout = listing.split(f'/runs/{old_store.RUN_ID}/rollouts/')[1].split('"')[0]
+        status, one = _get(base + f"/runs/{old_store.RUN_ID}/rollouts/{rollout}")
+        assert status == 200 and one.count('class="turn ') == 2  # derived from its flat columns
+        assert server.failures == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = CliRunner().invoke(app, ["report", old_store.RUN_ID, "--store", str(root / "store"),
+                                      "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output  # not "Referenced column turns not found"
+    assert _digest(root / "store") == before
+
+
+def test_a_step_committed_between_two_reads_is_left_for_the_next(tmp_path: Path, monkeypatch) -> None:
+    with RolloutStore.open(tmp_path / "s") as s:
+        synthetic_run(s, "r", [{}, {}])
+        reads = report_data.reads(s)
+        first_only = reads.steps("r").slice(0, 1)  # as read before step 1 committed
+        monkeypatch.setattr(type(reads), "steps", lambda self, run_id, after=None: first_only)
+        run = report_data.load_run(s, "r", samples=False)
+    assert run.steps == [0] and all(len(v) == 1 for v in run.drops.values())
+
+
+def test_off_the_loopback_address_the_token_is_asked(tmp_path: Path) -> None:
+    with RolloutStore.open(tmp_path / "s") as s:
+        synthetic_run(s, "r", [{}])
+    server = UiServer(str(tmp_path / "s"), host="0.0.0.0", port=0)
+    assert server.token and f"?token={server.token}" in server.url
+    import threading
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        status, body = _get(f"http://127.0.0.1:{port}/")
+        assert status == 403 and "token" in body
+        assert _get(f"http://127.0.0.1:{port}/?token=wrong")[0] == 403
+        assert _get(f"http://127.0.0.1:{port}/?token={server.token}")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert UiServer(str(tmp_path / "s"), port=0).token is None  # 127.0.0.1: none
+
+
+def test_bad_parameters_are_named() -> None:
+    assert rollout_query({"step": "3", "kept": "false", "q": "x", "token": "t"}) == RolloutQuery(step=3, kept=False, q="x")
+    for params, message in [({"step": "1.5"}, "step='1.5' is not a whole number"),
+                            ({"reward_min": "nan"}, "reward_min='nan' is not a finite number"),
+                            ({"limit": "100000"}, "limit=100000 must be between 1 and 500"),
+                            ({"offset": "-1"}, "offset=-1 must not be negative"),
+                            ({"q": "x" * 501}, "q is 501 characters long")]:
+        with pytest.raises(UiError) as err:
+            rollout_query(params)
+        assert err.value.status == 400 and message in err.value.message
+
+
+def test_gfcr_ui_names_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = CliRunner().invoke(app, ["ui", "--store", str(tmp_path / "none"), "--port",
+                                          str(taken.getsockname()[1])])
+    assert result.exit_code == 2 and "cannot listen on 127.0.0.1:" in result.output
+
+
+def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
+    """``gfcr run --ui``: the server starts before the run has made its store, prints the
+    run page's URL, and shows the run once it exists."""
+    from gfcr.cli import _start_ui
+
+    server = _start_ui(tmp_path / "store", 0, "r")
+    try:
+        url = capsys.readouterr().err.split("gfcr ui: ")[1].split()[0]
+        assert url.endswith("/runs/r") and url.startswith("http://127.0.0.1:")
+        assert _get(url)[0] == 503  # no store yet: a message, not a crash
+        server.ctx.close()
+        with RolloutStore.open(tmp_path / "store") as s:
+            synthetic_run(s, "r", [{}])
+        status, body = _get(url)
+        assert status == 200 and "Run r" in body
+    finally:
+        server.shutdown()
+        server.server_close()
