@@ -125,18 +125,6 @@ def batch_token_logprobs(model: Any, prompts: list[list[int]], completions: list
     return completion_logprobs(model, prompts, completions, temperature, pad_id)
 
 
-def _right_pad(rows: list[list[int]], pad_id: int, width: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, mask)`` of right-padded rows; mask is 1 on real tokens."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
-    return ids, mask
-
-
 def _sample(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token per row and its logprob, from the rows' logprobs (convention above,
