@@ -81,7 +81,7 @@ def run(
 
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
-    from gfcr.launch.flow import RunRequest
+    from gfcr.launch.request import RunRequest
     from gfcr.launch.run import new_run_id
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
