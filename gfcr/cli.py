@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -128,7 +129,7 @@ def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional
         raise typer.Exit(130)
     except KeyboardInterrupt:
         err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
-        raise typer.Exit(130)
+        _exit_now(130)
     except (ResumeError, UnsafeName, RunExited) + backend().errors as e:  # LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
@@ -146,6 +147,16 @@ def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
     server = start(where, "127.0.0.1", port, thread=True)
     err.print(f"gfcr ui: {server.url}runs/{run_id}", markup=False, highlight=False, soft_wrap=True)
     return server
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process at once (a second Ctrl-C): an orderly exit waits for the run's
+    threads (a commit, Prefect's task runner), which a user who pressed Ctrl-C twice does
+    not want; the store's commits are atomic, child processes end with this one, and the
+    run reads as crashed, so ``--resume`` continues it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _check_trackers(names: list[str]) -> None:
