@@ -175,3 +175,15 @@ class BrowseReads:
         return self.store.sql(
             "SELECT dropped_by, coalesce(drop_reason, '?') AS reason, count(*) AS n FROM rollouts "
             "WHERE run_id = $run AND NOT kept GROUP BY ALL ORDER BY n DESC LIMIT 50", {"run": run_id})
+
+    def eval_completions(self, run_id: str, eval_set: str, labels: Sequence[str]) -> pa.Table:
+        if not self._has_table("eval_completions"):
+            return pa.table({name: pa.array([], pa.string()) for name in (
+                "label", "prompt_id", "prompt", "answer", "completion")})
+        return self.store.sql(
+            f"SELECT label, prompt_id, left(prompt, {4 * CLIP}) AS prompt, answer, "
+            f"left(completion, {4 * CLIP}) AS completion, n_tokens, reward, correct, error "
+            "FROM eval_completions WHERE run_id = $run AND eval_set = $set AND sample = 0 "
+            "AND temperature = 0 AND (len($labels::VARCHAR[]) = 0 OR list_contains($labels::VARCHAR[], label)) "
+            "ORDER BY prompt_id, label LIMIT 20000",
+            {"run": run_id, "set": eval_set, "labels": list(labels)})

@@ -126,3 +126,10 @@ class BrowseReads(Protocol):
     def columns(self) -> list[str]:
         """The columns of the store's ``rollouts`` table."""
         ...
+
+    def eval_completions(self, run_id: str, eval_set: str, labels: Sequence[str]) -> pa.Table:
+        """The greedy completions (``sample`` 0 at temperature 0) of the run's evaluations
+        ``labels`` (every evaluation when empty) on ``eval_set``: ``label``, ``prompt_id``, ``prompt``, ``answer``,
+        ``completion``, ``n_tokens``, ``reward``, ``correct``, ``error``; empty on a store
+        that keeps none (written before schema version 3)."""
+        ...

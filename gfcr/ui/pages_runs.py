@@ -124,8 +124,18 @@ def _evaluations(ctx: Context, run_id: str) -> str:
     rows = ctx.reads().evaluations(run_id).to_pylist()
     if not rows:
         return "<p>none yet</p>"
+    base = f"/runs/{seg(run_id)}/evaluations"
+    first = str(rows[0]["label"] or "")
+
+    def label(r: dict[str, Any]) -> str:  # a link to the prompts this evaluation flipped
+        text = str(r["label"] or "")
+        if not text or text == first:
+            return escape(text)
+        return f'<a href="{escape(href(base, {"from": first, "to": text}))}">{escape(text)}</a>'
     return table(["step", "label", "accuracy"],
-                 [[num(r["step"]), escape(str(r["label"] or "")), pct(r["accuracy"])] for r in rows])
+                 [[num(r["step"]), label(r), pct(r["accuracy"])] for r in rows]) + (
+        f'<p><a href="{escape(base)}">which prompts changed</a> (greedy completions, first and '
+        "last evaluation)</p>")
 
 
 def drops_fragment(ctx: Context, run_id: str) -> str:

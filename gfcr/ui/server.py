@@ -23,7 +23,7 @@ from importlib.resources import files
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from gfcr.ui import pages_rollout, pages_rollouts, pages_runs
+from gfcr.ui import pages_evals, pages_rollout, pages_rollouts, pages_runs
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import error_page, json_text, plain
 
@@ -51,6 +51,7 @@ ROUTES: list[tuple[tuple[str, ...], Handler]] = [
     (("runs", "*", "rollouts"), _html(pages_rollouts.rollouts_page)),
     (("runs", "*", "rollouts", "*"), _html(lambda ctx, run, rid, p: pages_rollout.rollout_page(ctx, run, rid))),
     (("runs", "*", "groups", "*"), _html(lambda ctx, run, gid, p: pages_rollouts.group_page(ctx, run, gid))),
+    (("runs", "*", "evaluations"), _html(pages_evals.evaluations_page)),
     (("prompts", "*"), _html(pages_rollouts.prompt_page)),
     (("fragment", "runs"), _html(lambda ctx, params: pages_runs.runs_table(ctx))),
     (("fragment", "runs", "*", "head"), _html(lambda ctx, run, p: pages_runs.run_head(ctx, run))),

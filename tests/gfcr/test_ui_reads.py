@@ -134,3 +134,47 @@ def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _evaluated(store: RolloutStore, label: str, step: int, correct: list[bool]) -> None:
+    import pyarrow as pa
+
+    from gfcr.core.evaluations import COMPLETION_SCHEMA
+
+    n = len(correct)
+    completions = pa.table({
+        "prompt_id": [f"p{i}" for i in range(n)], "sample": [0] * n, "temperature": [0.0] * n,
+        "prompt": [f"{i} + {i} =" for i in range(n)], "answer": [str(2 * i) for i in range(n)],
+        "completion": [f"{label} says {2 * i if ok else -1}" for i, ok in enumerate(correct)],
+        "n_tokens": [3] * n, "finish_reason": ["stop"] * n,
+        "reward": [float(ok) for ok in correct], "correct": correct, "error": [None] * n},
+        schema=COMPLETION_SCHEMA)
+    store.record_evaluation("r", step, label, accuracy=sum(correct) / n, n_prompts=n,
+                            temperature=0.0, max_tokens=8, completions=completions)
+
+
+def test_the_evaluations_page_shows_which_prompts_a_run_flipped(tmp_path: Path) -> None:
+    with RolloutStore.open(tmp_path / "s") as s:
+        synthetic_run(s, "r", [{}, {}])
+        _evaluated(s, "initial", 0, [False, False, True, True])
+        _evaluated(s, "step=2", 2, [True, False, True, False])
+    server = serve(str(tmp_path / "s"), port=0)
+    try:
+        base = server.url.rstrip("/")
+        status, run_page = _get(base + "/runs/r")
+        assert status == 200 and "/runs/r/evaluations?from=initial&amp;to=step%3D2" in run_page
+        status, body = _get(base + "/runs/r/evaluations")
+        assert status == 200, body[-500:]
+        assert "4 prompts · correct at initial: 2 · at step=2: 2 · <b>1 fixed</b>, <b>1 broken</b>" in body
+        rows = body.split('id="eval-rows"')[1].split("</tbody>")[0].split("<tr>")[1:]
+        assert [r.split("<td>")[1].split("</td>")[0] for r in rows] == ["broken", "fixed", "", ""]
+        assert "step=2 says 0" in rows[1] and "initial says -1" in rows[1]  # p0: wrong, then right
+        _, flipped = _get(base + "/runs/r/evaluations?flipped=1")
+        assert flipped.split('id="eval-rows"')[1].count("<tr>") == 2
+        status, bad = _get(base + "/runs/r/evaluations?from=step%3D9")
+        assert status == 400 and "step=9" in bad and "is not an evaluation" in bad
+        assert "Traceback" not in bad
+        assert server.failures == []
+    finally:
+        server.shutdown()
+        server.server_close()
