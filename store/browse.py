@@ -260,6 +260,7 @@ def _bars(rewards: pa.ChunkedArray, bins: int) -> pa.Table:
              else np.minimum(np.floor((values - low) / (high - low) * bins), bins - 1).astype(np.int64))
     counts = np.bincount(index, minlength=bins)
     used = np.flatnonzero(counts)
-    width = (high - low) / bins
-    return pa.table({"bin": used.astype(np.int64), "low": low + used * width, "high": low + (used + 1) * width,
+    span = high - low  # the edges as the SQL histogram computes them, bit for bit
+    return pa.table({"bin": used.astype(np.int64), "low": low + used * span / bins,
+                     "high": low + (used + 1) * span / bins,
                      "n": counts[used].astype(np.int64)})

@@ -19,6 +19,7 @@ from gfcr.ui import UiServer, serve
 from gfcr.ui.context import UiError
 from gfcr.ui.params import rollout_query
 from store import RolloutStore
+from store.browse import BrowseReads
 from tests.resources import old_store
 from tests.resources.runs import synthetic_run
 
@@ -134,3 +135,25 @@ def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path: Path) -> None:
+    store = RolloutStore.open(tmp_path / "store")
+    try:
+        synthetic_run(store, "text", [{"reward_mean": 0.5}] * 6)  # 6 steps of 32, every prompt "1 + 1 ="
+        browse = BrowseReads(store)
+        for query in (RolloutQuery(q="1 + 1"), RolloutQuery(q="1 + 1", offset=50),
+                      RolloutQuery(q="1 + 1", reward_min=1.0)):
+            exact = browse.page("text", query, 20, cap=None)
+            capped = browse.page("text", query, 20, cap=40)
+            assert capped.rows.to_pylist() == exact.rows.to_pylist() == browse.rollouts("text", query).to_pylist()
+            assert exact.complete and exact.total == browse.histogram("text", query, 20)[0]
+            assert not capped.complete and 40 <= capped.total < exact.total, (query, capped.total, exact.total)
+            assert capped.steps is not None and capped.steps[1] == 5 and capped.steps[0] > 0
+        first = browse.page("text", RolloutQuery(q="1 + 1"), 20, cap=40)
+        assert (first.total, first.steps) == (64, (4, 5))  # step 5's 32 matches said one step more was enough
+        whole = browse.page("text", RolloutQuery(q="1 + 1"), 20, cap=10_000)
+        assert whole.complete and whole.total == 6 * 32
+        assert whole.bars.to_pylist() == browse.histogram("text", RolloutQuery(q="1 + 1"), 20)[1].to_pylist()
+    finally:
+        store.close()
