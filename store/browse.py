@@ -127,23 +127,26 @@ class BrowseReads:
 
     def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
         where, params = self._where(run_id, query)
-        keys = self.store.sql(  # narrow first: the page's keys, no text or list column read
-            f"SELECT step, rollout_id FROM rollouts WHERE {where} ORDER BY {_ORDER} "
+        return self.store.sql(  # one top-N: DuckDB reads the wide columns of the page's rows only
+            f"SELECT {self._shown()} FROM rollouts WHERE {where} ORDER BY {_ORDER} "
             "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
-        return self._wide(run_id, keys)
+
+    def _shown(self) -> str:
+        """The table's columns (texts clipped; server and turns null where not stored)."""
+        have = set(self.columns())
+        server = "server" if "server" in have else "NULL::VARCHAR AS server"
+        turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
+        return (f"rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
+                f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
+                f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns")
 
     def _wide(self, run_id: str, keys: pa.Table) -> pa.Table:
         """The table columns of the rows ``keys`` (``step``, ``rollout_id``) only: the scan
         is pruned to their steps' files and reads the texts of those rows alone."""
-        have = set(self.columns())
-        server = "server" if "server" in have else "NULL::VARCHAR AS server"
-        turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
         steps = keys.column("step")
         low, high = (pc.min(steps).as_py(), pc.max(steps).as_py()) if keys.num_rows else (0, -1)
         return self.store.sql(
-            f"SELECT rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
-            f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
-            f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns "
+            f"SELECT {self._shown()} "
             "FROM rollouts WHERE run_id = $run AND step BETWEEN $low AND $high "
             f"AND list_contains($ids::VARCHAR[], rollout_id) ORDER BY {_ORDER}",
             {"run": run_id, "low": low, "high": high, "ids": keys.column("rollout_id").to_pylist()})
