@@ -137,7 +137,7 @@ def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
         server.server_close()
 
 
-def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path: Path) -> None:
+def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path: Path, monkeypatch) -> None:
     store = RolloutStore.open(tmp_path / "store")
     try:
         synthetic_run(store, "text", [{"reward_mean": 0.5}] * 6)  # 6 steps of 32, every prompt "1 + 1 ="
@@ -157,3 +157,15 @@ def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path
         assert whole.bars.to_pylist() == browse.histogram("text", RolloutQuery(q="1 + 1"), 20)[1].to_pylist()
     finally:
         store.close()
+    monkeypatch.setattr("gfcr.ui.pages_rollouts.TEXT_CAP", 40)
+    server = serve(str(tmp_path / "store"), port=0)
+    try:
+        base = server.url.rstrip("/") + "/runs/text/rollouts?q=1+%2B+1"
+        status, capped_page = _get(base)
+        assert status == 200 and "64+ rollouts match" in capped_page, capped_page[-800:]
+        assert "over the newest steps 4–5" in capped_page and "count=all" in capped_page
+        status, every = _get(base + "&count=all")
+        assert status == 200 and "192 rollouts match" in every and 'id="partial"' not in every
+    finally:
+        server.shutdown()
+        server.server_close()
