@@ -126,10 +126,10 @@ class BrowseReads(Protocol):
         ...
 
     def page(self, run_id: str, query: RolloutQuery, bins: int, cap: int | None = TEXT_CAP) -> RolloutPage:
-        """:meth:`rollouts` and :meth:`histogram` of one page, read cheaply: the page's
-        keys from narrow columns first, its wide columns for those rows only; a free-text
-        filter scans the newest steps first and stops past ``cap`` matches (None: every
-        step)."""
+        """:meth:`rollouts` and :meth:`histogram` of one page. A free-text filter over
+        every step scans the newest steps first, narrow columns beside the texts, and
+        stops past ``cap`` matches (None: every step); the page's wide columns are then
+        read for its rows only."""
         ...
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
