@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gfcr.core.loading import load
     from gfcr.core.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
                                     PipelineError)
+    from gfcr.core.settings import EvalSet, Sampled
     from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
     from gfcr.core.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
     from gfcr.core.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
@@ -31,6 +32,7 @@ _WHERE = {
     "gfcr.core.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
     "gfcr.core.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
                       "PipelineError"),
+    "gfcr.core.settings": ("EvalSet", "Sampled"),
     "gfcr.core.loading": ("load",),
     "gfcr.core.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
     "gfcr.launch.hooks": ("RunSummary",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -12,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.commands import (deploy as cli_deploy, model as cli_model, store as cli_store,
-                           workers as cli_workers)
+from gfcr.commands import (deploy as cli_deploy, export as cli_export, model as cli_model,
+                           store as cli_store, workers as cli_workers)
 from gfcr.commands import replay as cli_replay
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -44,6 +45,10 @@ STORE_HELP = ("Store folder, or postgresql://HOST/DB?data_path=SHARED_FOLDER (de
 TRACKING_HELP = "MLflow tracking URI, e.g. http://HOST:5000 (default: SQLite under ROOT)."
 PIPELINE_HELP = ("Registered name, .py or .yaml file (default: 'default', or with --resume "
                  "the run's own pipeline).")
+TRACKER_HELP = ("mlflow (default), wandb or tensorboard; repeat for several (wandb and "
+                "tensorboard are extras: pip install 'gfcr[wandb]').")
+EXPORT_HELP = ("When the run finishes, export its policy to DIR (as `gfcr export`; a LoRA "
+               "adapter merged).")
 RESUME_HELP = ("Continue run RUN_ID from its newest checkpoint (README 'Resume'). Without "
                "PIPELINE it goes on with the run's own stored pipeline; --steps may extend it and "
                "--set checkpoint.* may change, anything else is refused.")
@@ -60,7 +65,9 @@ def run(
     store: Optional[str] = typer.Option(None, help=STORE_HELP),
     tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     executor: str = typer.Option("prefect", help="prefect (default) or local."),
-    track: bool = typer.Option(True, help="Track the run in MLflow."),
+    track: bool = typer.Option(True, help="Track the run (--no-track: in no tracker)."),
+    tracker: list[str] = typer.Option(["mlflow"], "--tracker", help=TRACKER_HELP),
+    export: Optional[Path] = typer.Option(None, "--export", metavar="DIR", help=EXPORT_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
     generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
@@ -75,15 +82,17 @@ def run(
 
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
-    from gfcr.launch.flow import RunRequest
+    from gfcr.launch.request import RunRequest
     from gfcr.launch.run import new_run_id
 
     spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
+    _check_trackers(tracker if track else [])
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
                          overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
                          resume=resume is not None, root=str(root.resolve()), store=store,
                          tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=fleet)
+                         score_pool=score_pool, fleet=fleet, trackers=tuple(tracker),
+                         export=None if export is None else str(export.resolve()))
     from gfcr.transport.progress import ProgressBars
     bars = ProgressBars(spec.steps, console=err, quiet=as_json)
     viewer = _start_ui(store or root / "store", ui_port, str(request.run_id)) if ui else None
@@ -93,13 +102,9 @@ def run(
         if viewer is not None:
             viewer.shutdown()
             viewer.server_close()
-    if as_json:
-        data = {k: v for k, v in summary.as_dict().items() if k != "history"}
-        print(json.dumps(data, default=str))
-    else:
-        _print_summary(summary)
-        if warned.note():
-            err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
+    _print_summary(summary, as_json=as_json)
+    if not as_json and warned.note():
+        err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional[str],
@@ -124,13 +129,14 @@ def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional
         raise typer.Exit(130)
     except KeyboardInterrupt:
         err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
-        raise typer.Exit(130)
+        _exit_now(130)
     except (ResumeError, UnsafeName, RunExited) + backend().errors as e:  # LeaseHeld
         _fail(str(e))
     except Exception as e:  # a read-only or full disk: one paragraph naming the path
         _fail(explain(e, root.resolve(), store=store, tracking=track) or _reraise(e))
     finally:
         bars.close()
+
 
 
 def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
@@ -141,6 +147,26 @@ def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
     server = start(where, "127.0.0.1", port, thread=True)
     err.print(f"gfcr ui: {server.url}runs/{run_id}", markup=False, highlight=False, soft_wrap=True)
     return server
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process at once (a second Ctrl-C): an orderly exit waits for the run's
+    threads (a commit, Prefect's task runner), which a user who pressed Ctrl-C twice does
+    not want; the store's commits are atomic, child processes end with this one, and the
+    run reads as crashed, so ``--resume`` continues it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _check_trackers(names: list[str]) -> None:
+    """An unknown tracker, or one whose package is missing, refused before the run."""
+    from gfcr.runner.trackers import trackers
+
+    try:
+        trackers(tuple(names))
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
@@ -233,6 +259,7 @@ def runs(root: Path = typer.Option(Path(".gfcr"), help=ROOT_HELP),
         err.print(note)
     print_table(table, fmt, out, keep=("run_id",))
 
+app.command()(cli_export.export)
 app.command()(cli_deploy.deploy)
 app.command()(cli_deploy.submit)
 app.command("engine-worker")(cli_workers.engine_worker)
@@ -294,7 +321,11 @@ def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple
             ("  GRPO's share", share(warm, after))]
 
 
-def _print_summary(s: Any) -> None:
+def _print_summary(s: Any, *, as_json: bool = False) -> None:
+    """The run's summary: a table, or with ``as_json`` one JSON object (no history)."""
+    if as_json:
+        print(json.dumps({k: v for k, v in s.as_dict().items() if k != "history"}, default=str))
+        return
     view = Table(title=f"run {s.run_id}", show_header=False)
     for key, value in [
         *accuracy_rows(s.accuracy_before, s.accuracy_warmstart, s.accuracy_after),

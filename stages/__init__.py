@@ -38,6 +38,7 @@ from stages.replay.recycle import RecyclePartials
 from stages.replay.rollout_replay import RolloutReplay
 from stages.replay.uniform import UniformSampler
 from stages.replay.vade import VADE
+from stages.tasks.files import FileTask
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
 from stages.train.grpo import GRPO
 from stages.train.lora import LoraSpec
@@ -45,7 +46,7 @@ from stages.train.sft import SFT
 
 __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget",
            "HF", "VLLM", "HFCheckpoint", "TinyLlama", "DynamicSampling", "Verify", "GroupSample",
-           "UniformSampler", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
+           "UniformSampler", "FileTask", "JsonlTask", "ReasoningGym", "GRPO", "SFT",
            "D3S", "Overlong", "ResampleOnCorrect", "Sandbox", "CodeTests", "Function", "Match",
            "MathAnswer", "TaskScore", "ConditionedSample", "Exemplars", "Hints", "TreeRollout",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",

@@ -14,24 +14,33 @@ At a real vocabulary (SmolLM2: 49,152 entries) the logits are most of the memory
 batch of 64 completions of 256 tokens holds 3.2 GB of float32 logits, and autograd keeps
 them (and their log-softmax) for the backward. So :func:`completion_logprobs` never
 builds them for the whole batch: it runs the model's body for the hidden states, keeps
-only the completion tokens' rows, and applies the output layer ``chunk_tokens`` rows at a
-time, each chunk under activation checkpointing when grad is on (its logits are rebuilt
-in the backward, as in Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024), so
-at most one chunk's float32 logits exist at once. Models whose logits are not a plain
-linear map of the last hidden state (softcapping, logit scales) take the full-logits
-path.
+only the completion tokens' rows, and applies the output layer a chunk of rows at a
+time, each chunk under activation checkpointing when grad is on and there is more than
+one chunk (its logits are rebuilt in the backward, as in Liger-Kernel's fused linear
+cross-entropy, Hsu et al. 2024), so at most one chunk's float32 logits exist at once.
+The chunk is sized by the device (:func:`chunk_size`): a budget of float32 logits bytes,
+small on a CPU, large on a GPU where many small chunks would leave it idle; a batch whose
+logits fit in one chunk is not checkpointed at all (nothing to save, one head pass
+less). Models whose logits are not a plain linear map of the last hidden state
+(softcapping, logit scales) take the full-logits path.
+
+No value travels from the device to the host here (no ``.item()``, no boolean-mask
+indexing, whose output size the host must learn): the completion tokens' positions are
+known on the host from the lengths, so the gather and scatter use index tensors built
+there, and a GPU forward is never stalled waiting for the host.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 CHUNK_TOKENS = 256
-"""Completion tokens whose full-vocabulary logits exist at once (49,152 x 256 float32 is
-50 MB)."""
+"""The fewest completion tokens of a chunk (49,152 x 256 float32 logits is 50 MB)."""
+LOGITS_BUDGET = {"cpu": 64 * 2**20, "cuda": 1 * 2**30}
+"""Bytes of float32 logits one chunk may hold, by device type (others: the CPU's)."""
 _PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
                          "phi3", "olmo", "olmo2", "smollm3", "gemma"})
 """Model types whose logits are ``lm_head(last hidden state)`` and nothing more."""
@@ -55,32 +64,51 @@ def completion_logprobs(model: Any, prompts: list[list[int]], completions: list[
     return logprobs, mask
 
 
+def chunk_size(device: torch.device, vocab: int) -> int:
+    """Completion tokens per chunk of the output layer on ``device`` for a ``vocab``-wide
+    head: as many as :data:`LOGITS_BUDGET` bytes of float32 logits hold, at least
+    :data:`CHUNK_TOKENS` (SmolLM2's 49,152 entries: 341 tokens on a CPU, 5,461 on a GPU;
+    a 259-entry byte vocabulary: 64k on a CPU, one chunk for any batch)."""
+    budget = LOGITS_BUDGET.get(device.type, LOGITS_BUDGET["cpu"])
+    return max(CHUNK_TOKENS, budget // (4 * max(int(vocab), 1)))
+
+
 def completion_scores(model: Any, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float = 1.0, pad_id: int = 0, *,
-                      entropy: Entropy | None = None, chunk_tokens: int = CHUNK_TOKENS
+                      entropy: Entropy | None = None, chunk_tokens: int | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(logprobs, mask, entropies or None)``, each ``[B, longest completion]`` and 0 on
     padding: :func:`completion_logprobs` plus, when ``entropy`` is given (it maps ``[N,
     V]`` scaled logits to ``[N]``), the entropy of each token's next-token distribution.
-    Computed from the hidden states ``chunk_tokens`` completion tokens at a time."""
+    Computed from the hidden states ``chunk_tokens`` completion tokens at a time (None:
+    :func:`chunk_size` of the model's device and vocabulary)."""
     head = _plain_head(model)
     if head is None:
         logits, targets, mask = completion_logits(model, prompts, completions,
                                                   temperature, pad_id)
         ent = None if entropy is None else entropy(logits).masked_fill(~mask, 0.0)
         return gather_logprobs(logits, targets, mask), mask, ent
-    hidden, targets, mask = _completion_rows(model, head, prompts, completions, pad_id)
-    rows, wanted = hidden[mask], targets[mask]
-    parts = [_score_chunk(head, rows[at:at + chunk_tokens], wanted[at:at + chunk_tokens],
-                          temperature, entropy) for at in range(0, len(rows), chunk_tokens)]
+    hidden, targets, mask, flat = _completion_rows(model, head, prompts, completions, pad_id)
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
+    wanted = targets.reshape(-1).index_select(0, flat)
+    size = chunk_tokens or chunk_size(rows.device, head.out_features)
+    recompute = len(rows) > size  # one chunk: its logits are all there is to keep
+    parts = [_score_chunk(head, rows[at:at + size], wanted[at:at + size], temperature,
+                          entropy, recompute) for at in range(0, len(rows), size)]
     lp = torch.cat([p[0] for p in parts]) if parts else rows.new_zeros(0, dtype=torch.float32)
-    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    logprobs[mask] = lp
+    logprobs = _scatter(lp.float(), flat, mask)
     ent = None
     if entropy is not None:
-        ent = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        ent[mask] = torch.cat([e for _, e in parts if e is not None]) if parts else lp
+        ent = _scatter(torch.cat([e for _, e in parts if e is not None]) if parts else lp,
+                       flat, mask)
     return logprobs, mask, ent
+
+
+def _scatter(values: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` (one per real token) at the flat positions ``flat`` of a zero ``[B, T]``
+    float32 tensor shaped like ``mask``; differentiable, and no host sync."""
+    out = torch.zeros(mask.numel(), dtype=torch.float32, device=mask.device)
+    return out.index_put((flat,), values.float()).view(mask.shape)
 
 
 def _plain_head(model: Any) -> torch.nn.Linear | None:
@@ -105,35 +133,39 @@ def _sharded(model: Any) -> bool:
 
 
 def _score_chunk(head: torch.nn.Linear, rows: torch.Tensor, targets: torch.Tensor,
-                 temperature: float, entropy: Entropy | None
+                 temperature: float, entropy: Entropy | None, recompute: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (and entropies) of one chunk of completion tokens; under checkpointing
-    when grad is on, so its float32 logits are freed and rebuilt in the backward."""
+    when grad is on and ``recompute``, so its float32 logits are freed and rebuilt in the
+    backward."""
     def run(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logits = head(h).float()
         scaled = logits / temperature if temperature > 0 else logits
         lp = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
         return (lp,) if entropy is None else (lp, entropy(scaled))
 
-    out = (checkpoint(run, rows, use_reentrant=False) if torch.is_grad_enabled()
-           and rows.requires_grad else run(rows))
+    keep = not (recompute and torch.is_grad_enabled() and rows.requires_grad)
+    out = run(rows) if keep else checkpoint(run, rows, use_reentrant=False)
     return out[0], (out[1] if entropy is not None else None)
 
 
 def _completion_rows(model: Any, head: torch.nn.Linear, prompts: list[list[int]],
                      completions: list[list[int]], pad_id: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(hidden, targets, mask)``: the last hidden state predicting each completion
-    token ``[B, T, H]``, the token ids and the mask of real tokens, both ``[B, T]``."""
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(hidden, targets, mask, flat)``: the last hidden state predicting each completion
+    token ``[B, T, H]``, the token ids and the mask of real tokens, both ``[B, T]``, and
+    the flat indices of the real tokens in ``[B * T]`` (built on the host: no sync)."""
     body = getattr(model, model.base_model_prefix)  # getattr: transformers' own naming
     out, where, k = _forward(body, prompts, completions, pad_id)
     hidden = out.last_hidden_state
     picked = hidden.gather(1, where[:, :, None].expand(-1, -1, hidden.shape[-1]))
-    targets, mask = _targets(completions, where.device)
-    return picked, targets, mask
+    targets, mask = _targets(completions, torch.device("cpu"))
+    flat = mask.reshape(-1).nonzero().squeeze(1)
+    device = where.device
+    return picked, targets.to(device), mask.to(device), flat.to(device)
 
 
-_MIN_SHARED = 8
+MIN_SHARED = 8
 """Shortest common prompt prefix worth a separate forward pass."""
 
 
@@ -202,11 +234,11 @@ def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
                    ) -> tuple[int, Any]:
     """``(k, cache)``: the common prefix length and its KV cache repeated over the batch,
     or ``(0, None)`` when sharing does not pay or the cache cannot be repeated."""
-    k = _common_prefix(prompts)
+    k = common_prefix(prompts)
     # transformers turns the cache off under gradient checkpointing in training mode
     recompute = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
     # a sharded model's ranks must run as many forwards as each other, whatever rows
-    if k < _MIN_SHARED or len(prompts) < 2 or recompute or _sharded(model):
+    if k < MIN_SHARED or len(prompts) < 2 or recompute or _sharded(model):
         return 0, None
     shared = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True)
     cache = shared.past_key_values
@@ -216,7 +248,7 @@ def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
     return k, cache
 
 
-def _common_prefix(prompts: list[list[int]]) -> int:
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
     """Length of the longest common prefix, leaving every prompt at least one token."""
     first = prompts[0]
     k = min(len(p) for p in prompts) - 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
+from gfcr.core.evaluations import COMPLETION_SCHEMA
 from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError
 
 from ._duck import quote_ident, rollback, with_retry
@@ -52,12 +53,30 @@ EVALUATIONS_SCHEMA = pa.schema([
     pa.field("temperature", pa.float64(), nullable=False),
     pa.field("max_tokens", pa.int64(), nullable=False),
     pa.field("evaluated_at", _TS, nullable=False),
+    pa.field("eval_set", pa.string()),
+    pa.field("samples", pa.int64()),
+    pa.field("sample_temperature", pa.float64()),
+    pa.field("mean_reward", pa.float64()),
+    pa.field("pass_at", pa.map_(pa.int64(), pa.float64())),
 ])
-"""One row per held-out evaluation of a run: after ``step`` training steps (``label``
-``initial``: before the warm start, ``step=N`` otherwise), the share of ``n_prompts``
-held-out prompts answered with full credit, decoded at ``temperature`` (0: greedy) with
-at most ``max_tokens`` tokens. A run evaluated again under the same label (a resume)
-replaces its row."""
+"""One row per evaluation of a run on one evaluation set: after ``step`` training steps
+(``label`` ``initial``: before the warm start, ``step=N`` otherwise), the share of
+``n_prompts`` prompts answered with full credit, decoded at ``temperature`` (0: greedy)
+with at most ``max_tokens`` tokens. ``eval_set`` is ``heldout`` for the task's held-out
+split or an ``Evaluation.sets`` name (rows stored before schema version 3 are set to
+``heldout`` by its migration). With a sampled evaluation: ``samples`` completions per prompt at
+``sample_temperature``, their ``mean_reward`` and ``pass_at`` (k -> unbiased pass@k);
+null otherwise. A run evaluated again under the same label and set (a resume) replaces
+its row."""
+
+EVAL_COMPLETIONS_SCHEMA = pa.schema(
+    [pa.field("run_id", pa.string(), nullable=False),
+     pa.field("step", pa.int64(), nullable=False),
+     pa.field("label", pa.string(), nullable=False),
+     pa.field("eval_set", pa.string(), nullable=False)] + list(COMPLETION_SCHEMA))
+"""One row per completion an evaluation generated (``gfcr.core.evaluations``): the
+evaluation's run, step, label and set, then the prompt, sample and completion with its
+reward. Replaced with its ``evaluations`` row (schema version 3)."""
 
 VERSIONS_SCHEMA = pa.schema([
     pa.field("version", pa.int64(), nullable=False),
@@ -67,8 +86,9 @@ VERSIONS_SCHEMA = pa.schema([
 """One row per schema version a store was created at or migrated to (store._versions)."""
 
 TABLES = {"rollouts": ROLLOUT_SCHEMA, "steps": STEPS_SCHEMA, "runs": RUNS_SCHEMA,
-          "evaluations": EVALUATIONS_SCHEMA, "schema_versions": VERSIONS_SCHEMA}
-ADDED_LATER = frozenset({"evaluations", "schema_versions"})
+          "evaluations": EVALUATIONS_SCHEMA, "schema_versions": VERSIONS_SCHEMA,
+          "eval_completions": EVAL_COMPLETIONS_SCHEMA}
+ADDED_LATER = frozenset({"evaluations", "schema_versions", "eval_completions"})
 """Tables a store made by an older gfcr may lack: created when it is next opened for
 writing, and not required to read it."""
 

@@ -22,6 +22,11 @@ Versions:
 2. ``rollouts.turns`` (``gfcr.core.rollout.TURN_TYPE``): the trajectory as turns. Rows stored
    before keep a null ``turns``; every reader derives their single-turn form
    (``gfcr.core.rollout.conform``, the ``turns`` view).
+3. evaluations beyond greedy held-out accuracy: ``evaluations`` gains ``eval_set``,
+   ``samples``, ``sample_temperature``, ``mean_reward`` and ``pass_at`` (null in older
+   rows, whose ``eval_set`` is set to ``heldout``: the split they evaluated), and the ``eval_completions`` table holds every
+   evaluated completion (``_tables.EVAL_COMPLETIONS_SCHEMA``; created with the other
+   missing tables when the store is opened for writing).
 """
 
 from __future__ import annotations
@@ -37,9 +42,9 @@ from gfcr.core.rollout import ROLLOUT_SCHEMA, col
 
 from ._duck import quote_ident, rollback
 from ._location import StoreError
-from ._tables import VERSIONS_SCHEMA, duckdb_types
+from ._tables import EVALUATIONS_SCHEMA, VERSIONS_SCHEMA, duckdb_types
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The rollout schema version this gfcr writes and reads."""
 
 
@@ -49,7 +54,21 @@ def _add_turns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
                 f"{quote_ident(col.TURNS)} {kind}")
 
 
-MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection, str], None]] = {2: _add_turns}
+def _add_eval_columns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """The evaluations columns of version 3 (nullable; older rows keep nulls)."""
+    types = duckdb_types(con, EVALUATIONS_SCHEMA)
+    for name in _EVAL_COLUMNS:
+        con.execute(f"ALTER TABLE {alias}.evaluations ADD COLUMN IF NOT EXISTS "
+                    f"{quote_ident(name)} {types[name]}")
+    # every evaluation before sets existed was of the held-out split
+    con.execute(f"UPDATE {alias}.evaluations SET eval_set = 'heldout' WHERE eval_set IS NULL")
+
+
+_EVAL_COLUMNS = ("eval_set", "samples", "sample_temperature", "mean_reward", "pass_at")
+"""The columns version 3 added to ``evaluations``."""
+
+MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection, str], None]] = {
+    2: _add_turns, 3: _add_eval_columns}
 """Version -> the statements that bring a store of the version before to it."""
 
 

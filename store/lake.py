@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from gfcr.core.rollout import col, with_turns
 
-from . import _catalog, _commit, _tables, _validate, _versions
+from . import _catalog, _commit, _evals, _tables, _validate, _versions
 from ._duck import Catalog, connect, rollback, scalar, with_retry
 from ._guard import ReadOnlyError, check_read_only, excerpt, short
 from ._location import StoreError, redact, resolve
@@ -160,23 +160,23 @@ class RolloutStore:
             with_retry(lambda: self._transaction(body))
 
     def record_evaluation(self, run_id: str, step: int, label: str, *, accuracy: float,
-                          n_prompts: int, temperature: float, max_tokens: int) -> None:
-        """Record a held-out evaluation in ``evaluations``, replacing the run's row of the
-        same ``label`` (a resumed run that evaluates again stores it once)."""
+                          n_prompts: int, temperature: float, max_tokens: int,
+                          eval_set: str = "heldout", sampled: dict[str, Any] | None = None,
+                          completions: pa.Table | None = None) -> None:
+        """Record an evaluation in ``evaluations`` (and its ``completions``,
+        ``gfcr.core.evaluations.COMPLETION_SCHEMA``, in ``eval_completions``), replacing the
+        run's rows of the same ``label`` and ``eval_set`` (a resumed run that evaluates
+        again stores them once). ``sampled``: see ``store._evals.evaluation_row``."""
         self._writable("record_evaluation")
         self._check_guard(run_id)
-        row = pa.table({"run_id": [run_id], "step": [step], "label": [label],
-                        "accuracy": [float(accuracy)], "n_prompts": [n_prompts],
-                        "temperature": [float(temperature)], "max_tokens": [max_tokens],
-                        "evaluated_at": [_now()]}, schema=_tables.EVALUATIONS_SCHEMA)
-
-        def body(con: duckdb.DuckDBPyConnection) -> None:
-            con.execute("DELETE FROM lake.evaluations WHERE run_id = ? AND label = ?",
-                        [run_id, label])
-            con.register("_gfcr_run", row)  # unregistered by _transaction
-            con.execute("INSERT INTO lake.evaluations BY NAME SELECT * FROM _gfcr_run")
+        row = _evals.evaluation_row(run_id, step, label, _now(), accuracy=accuracy,
+                                    n_prompts=n_prompts, temperature=temperature,
+                                    max_tokens=max_tokens, eval_set=eval_set, sampled=sampled)
+        rows = None if completions is None else _evals.completion_rows(
+            run_id, step, label, eval_set, completions)
         with self._lock:
-            with_retry(lambda: self._transaction(body))
+            with_retry(lambda: self._transaction(
+                lambda con: _evals.replace_evaluation(con, row, rows)))
 
     def set_guard(self, run_id: str, check: Callable[[], None] | None) -> None:
         """Make every write of ``run_id`` (its status, steps, evaluations) call ``check``

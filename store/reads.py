@@ -70,8 +70,10 @@ class RunReads:
                 "AND database_name = current_database()").column("column_name").to_pylist())
             label = "coalesce(label, '')" if "label" in cols else "''"
             order = "step, evaluated_at" if "evaluated_at" in cols else "step"
+            held = "AND coalesce(eval_set, 'heldout') = 'heldout'" if "eval_set" in cols else ""
             found = self.store.sql(f"SELECT step, accuracy, {label} AS label "
-                                   f"FROM evaluations WHERE run_id = $run ORDER BY {order}", {"run": run_id})
+                                   f"FROM evaluations WHERE run_id = $run {held} ORDER BY {order}",
+                                   {"run": run_id})
             if found.num_rows:
                 return found
         return self.store.sql(

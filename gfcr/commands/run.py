@@ -2,7 +2,8 @@
 
 With the Prefect executor ``gfcr run`` calls the module-level flow
 :func:`gfcr.launch.flow.pipeline_flow`, the one a deployment runs on a worker; with
-``--executor local`` it runs the same request without Prefect. Either way the first
+``--executor local`` it runs the same request without Prefect, which it does not even
+import (gfcr.launch.request). Either way the first
 Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.runner.cancel`) and this
 raises :class:`~gfcr.runner.cancel.RunCancelled`; a second one stops at once
 (KeyboardInterrupt).
@@ -15,7 +16,7 @@ import signal
 from typing import Any, Callable
 
 from gfcr.commands.exits import RunExited, unfinished_exits_fail
-from gfcr.launch.flow import RunRequest, extra_hooks, pipeline_flow, run_request
+from gfcr.launch.request import RunRequest, extra_hooks, run_request
 from gfcr.runner.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import Executor, PrefectExecutor, named
 
@@ -54,6 +55,8 @@ def stopping(console: Any) -> Callable[[str], None]:
 
 
 def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
+    from gfcr.launch.flow import pipeline_flow  # Prefect: imported only for its executor
+
     _shielded_temporary_server()
     token = extra_hooks.set(tuple(hooks))
     try:
@@ -95,4 +98,5 @@ def _shielded_temporary_server() -> None:
 def _parameters(request: RunRequest) -> dict[str, Any]:
     data = request.model_dump()
     data["overrides"] = list(data["overrides"])
+    data["trackers"] = list(data["trackers"])
     return data

@@ -195,3 +195,17 @@ class AdapterWeights(Protocol):
     def load_adapter(self, path: Path) -> bool:
         """Load the adapter in ``path``; False when ``path`` holds whole weights."""
         ...
+
+
+@runtime_checkable
+class ExportsModel(Protocol):
+    """A policy component whose policy, with a checkpoint's weights, can be written as a
+    folder other tools load (``gfcr export``): ``export(policy, weights, out, lora=...,
+    base=...)`` returns the files written. ``lora`` is ``merged`` or ``adapter`` (how a
+    LoRA checkpoint is written); ``base(policy)`` rebuilds the base weights an adapter
+    was trained on (the warm start) and is called only for an adapter checkpoint."""
+
+    def build(self, *, seed: int) -> Any: ...
+
+    def export(self, policy: Any, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Any], None]) -> list[str]: ...

@@ -120,7 +120,7 @@ class Pipeline(Spec):
         for key, value in _components(self).items():
             out[key] = None if value is None else value.model_dump(mode="json")
         out["stages"] = [s.model_dump(mode="json") for s in self.stages]
-        out["evaluation"] = self.evaluation.model_dump(mode="json")
+        out["evaluation"] = self.evaluation.spec()
         out["checkpoint"] = self.checkpoint.model_dump(mode="json")
         if self.max_staleness:
             out["max_staleness"] = self.max_staleness

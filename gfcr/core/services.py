@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from gfcr.core.settings import Sampled
 from gfcr.core.stage import Filter, Generate, OnSegment, StepContext, TrainResult
 
 
@@ -110,9 +111,10 @@ class Generator(Protocol):
         ...
 
     def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
-                 max_tokens: int, progress: Callable[[int, int], None] | None
-                 ) -> dict[str, Any]:
-        """Greedy held-out accuracy with ``handle``'s weights (gfcr.runner.evaluation)."""
+                 max_tokens: int, progress: Callable[[int, int], None] | None,
+                 sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
+        """Greedy accuracy with ``handle``'s weights and, with ``sampled``, mean reward
+        and pass@k sampled under ``seed`` (gfcr.runner.evaluation)."""
         ...
 
     def asleep(self) -> contextlib.AbstractContextManager[None]:

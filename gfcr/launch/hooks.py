@@ -45,7 +45,10 @@ class Hook(Protocol):
         CPU seconds (gfcr.runner.loop.StageClock); its wall seconds are ``time/<stage>``
         metrics."""
 
-    def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None: ...
+    def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None:
+        """Greedy ``accuracy`` of an evaluation after ``step`` steps; ``label`` (``initial``,
+        ``step=N``), ``eval_set`` (``heldout`` or an ``Evaluation.sets`` name) and
+        ``metrics`` (``accuracy``, and ``mean_reward``, ``pass@k`` of a sampled one)."""
 
     def on_end(self, *, summary: "RunSummary", status: str, **kw: Any) -> None: ...
 

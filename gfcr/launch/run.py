@@ -25,7 +25,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow as pa
+
 from gfcr.core import names, storage
+from gfcr.core.evaluations import HELDOUT
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import AdapterLearner
 from gfcr.launch import placement
@@ -159,23 +162,47 @@ class _Run:
     """Raises unless this process still holds the run's lease: called before each step,
     checkpoint and end-of-run write (the store checks it before its own writes)."""
 
-    def evaluate_at(self, label: str, step: int) -> float:
-        """Held-out greedy accuracy, as the task ``evaluate[label]``; stored in the
-        ``evaluations`` table."""
-        ev, rt, name = self.pipeline.evaluation, self.rt, f"evaluate[{label}]"
-        heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
+    def evaluate_at(self, label: str, step: int, *, sets_only: bool = False) -> float:
+        """Held-out greedy accuracy (and the sampled evaluation, when set), as the task
+        ``evaluate[label]``, and every evaluation set due at ``step`` (all at the start
+        and the end); stored in ``evaluations`` and ``eval_completions``. Returns the
+        held-out accuracy (nan with ``sets_only``: the held-out split is not due)."""
+        ev, accuracy = self.pipeline.evaluation, float("nan")
+        if not sets_only:
+            heldout = self.pipeline.task.heldout_prompts().slice(0, ev.size)
+            accuracy = self._evaluate(HELDOUT, self.rt.task, heldout, label, step)
+        ends = label in ("initial", "step=0", f"step={self.pipeline.steps}")
+        for s in ev.sets:
+            if ends or (s.every and step % s.every == 0):
+                prompts = pa.concat_tables([s.task.train_prompts(), s.task.heldout_prompts()])
+                self._evaluate(s.name, s.task, prompts.slice(0, s.size), label, step)
+        return accuracy
+
+    def _evaluate(self, eval_set: str, task: Any, prompts: pa.Table, label: str,
+                  step: int) -> float:
+        ev, rt = self.pipeline.evaluation, self.rt
+        name = f"evaluate[{label}]" if eval_set == HELDOUT else f"evaluate[{eval_set}:{label}]"
         emit(self.hooks, "on_phase", phase=name)
         result = self.call(name, lambda: rt.services.generator.evaluate(
-            rt.task, heldout, handle=rt.services.learner.handle(), max_tokens=ev.max_tokens,
-            progress=self.progress(name)))
+            task, prompts, handle=rt.services.learner.handle(), max_tokens=ev.max_tokens,
+            progress=self.progress(name), sampled=ev.sampled, seed=self.pipeline.seed))
         for message, count in result["errors"]:
             emit(self.hooks, "on_warning", count=count,
                   message=f"{name}: the task's scorer raised (scored as wrong): {message}")
+        sampled = None if ev.sampled is None else {
+            "samples": ev.sampled.samples, "temperature": ev.sampled.temperature,
+            "mean_reward": result["mean_reward"], "pass_at": result["pass_at"]}
         self.store.record_evaluation(self.run_id, step, label, accuracy=result["accuracy"],
                                      n_prompts=int(result["n"]), temperature=0.0,
-                                     max_tokens=ev.max_tokens)
-        emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label)
-        return result["accuracy"]
+                                     max_tokens=ev.max_tokens, eval_set=eval_set,
+                                     sampled=sampled, completions=result["completions"])
+        figures = {"accuracy": result["accuracy"]}
+        if sampled is not None:
+            figures["mean_reward"] = result["mean_reward"]
+            figures.update({f"pass_at_{k}": v for k, v in result["pass_at"].items()})
+        emit(self.hooks, "on_eval", step=step, accuracy=result["accuracy"], label=label,
+             eval_set=eval_set, metrics=figures)
+        return float(result["accuracy"])
 
     def progress(self, phase: str) -> Callable[[int, int], None]:
         """``progress(done, total)`` of ``phase``, for the hooks (gfcr.transport.progress)."""
@@ -264,8 +291,11 @@ def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> 
     rt = replace(run.rt, record=run.rt.record.replaying(
         partial(resume.stored_batch, run.store, run.run_id))) if replayed else run.rt
     report: StepReport = run_step(rt, run.run_id, step, run.call)
-    if not replayed and ev.every and (step + 1) % ev.every == 0 and step + 1 < p.steps:
-        report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
+    if not replayed and step + 1 < p.steps:
+        if ev.every and (step + 1) % ev.every == 0:
+            report.metrics["heldout_accuracy"] = run.evaluate_at(f"step={step + 1}", step + 1)
+        elif any(s.every and (step + 1) % s.every == 0 for s in ev.sets):
+            run.evaluate_at(f"step={step + 1}", step + 1, sets_only=True)
     progress["history"].append(report.metrics)
     # step - 1's commit is done: this step handed its own over only after it (or, a
     # replayed step, came before any commit of this call)

@@ -23,6 +23,7 @@ from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy
 from gfcr.core.services import Pending, Services, WeightHandle, awake
 from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
 from gfcr.core.stage import TrainResult
+from gfcr.core.settings import Sampled
 from gfcr.runner.evaluation import evaluate
 from gfcr.runner.filters import applied
 from gfcr.runner.serial import SerialCalls
@@ -188,13 +189,13 @@ class LocalGenerator:
             self._load_now(handle)
 
     def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
-                 max_tokens: int, progress: Callable[[int, int], None] | None
-                 ) -> dict[str, Any]:
+                 max_tokens: int, progress: Callable[[int, int], None] | None,
+                 sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         self.drain()
         if handle.version != self.version:
             self._load_now(handle)
         return evaluate(task, self.engine, prompts, max_tokens=max_tokens,
-                        progress=progress)
+                        progress=progress, sampled=sampled, seed=seed)
 
     def asleep(self) -> contextlib.AbstractContextManager[None]:
         engine = self.engine

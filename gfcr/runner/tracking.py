@@ -77,6 +77,19 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def eval_metrics(accuracy: float, label: str, eval_set: str,
+                 metrics: dict[str, float] | None) -> dict[str, float]:
+    """An evaluation's figures as every tracker names them: ``heldout_accuracy`` (or
+    ``heldout_accuracy_initial`` before a warm start) as always, the held-out split's
+    other figures as ``heldout_<name>`` (``heldout_mean_reward``, ``heldout_pass_at_4``) and
+    an evaluation set's as ``eval/<set>/<name>``."""
+    figures = dict(metrics or {"accuracy": accuracy})
+    suffix = "_initial" if label == "initial" else ""
+    if eval_set == "heldout":
+        return {f"heldout_{name}{suffix}": value for name, value in figures.items()}
+    return {f"eval/{eval_set}/{name}{suffix}": value for name, value in figures.items()}
+
+
 def _item_key(index: int, value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("name") or value.get("type") or index)
@@ -141,12 +154,15 @@ class MlflowHook:
         if time.monotonic() - self._flushed >= self.flush_seconds:
             self._flush()
 
-    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
+    def on_eval(self, *, step: int, accuracy: float, label: str = "",
+                eval_set: str = "heldout", metrics: dict[str, float] | None = None,
+                **_: Any) -> None:
         import mlflow
 
         self._flush()
-        name = "heldout_accuracy_initial" if label == "initial" else "heldout_accuracy"
-        mlflow.log_metric(name, accuracy, step=step)
+        mlflow.log_metrics({_key(k): v for k, v in
+                            eval_metrics(accuracy, label, eval_set, metrics).items()},
+                           step=step)
 
     def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
         import mlflow

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gfcr.core.capabilities import EngineFleet, EngineSpec, WeightsDtype
 from gfcr.core.services import Pending, WeightHandle, awake
 from gfcr.core.stage import Generate, OnSegment, StepContext
+from gfcr.core.settings import Sampled
 from gfcr.runner.evaluation import evaluate
 from gfcr.runner.inprocess import generate_with
 from gfcr.runner.serial import SerialCalls
@@ -180,14 +181,14 @@ class FleetGenerator:
         self.reloads.append((version, seconds))
 
     def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
-                 max_tokens: int, progress: Callable[[int, int], None] | None
-                 ) -> dict[str, Any]:
+                 max_tokens: int, progress: Callable[[int, int], None] | None,
+                 sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         if handle.version != self.version:
             self.load(handle)
         self.drain()
         self.engine.caller = "the held-out evaluation"
         return evaluate(task, self.engine, prompts, max_tokens=max_tokens,
-                        progress=progress)
+                        progress=progress, sampled=sampled, seed=seed)
 
     def asleep(self) -> contextlib.AbstractContextManager[None]:
         return awake()  # the servers hold their own accelerators

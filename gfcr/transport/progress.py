@@ -51,9 +51,11 @@ class ProgressBars:
             self.phases[phase] = self.bar.add_task(escape(phase), total=total)
         self.bar.update(self.phases[phase], completed=done, total=total)
 
-    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
+    def on_eval(self, *, step: int, accuracy: float, label: str = "",
+                eval_set: str = "heldout", **_: Any) -> None:
         where = "before training" if label == "initial" else f"at step {step}"
-        self.bar.console.print(f"held-out greedy accuracy {where}: {accuracy:.1%}")
+        which = "held-out" if eval_set == "heldout" else f"{eval_set!r}"
+        self.bar.console.print(f"{which} greedy accuracy {where}: {accuracy:.1%}")
 
     def on_warning(self, *, message: str, count: int = 1, **_: Any) -> None:
         """The first time a message comes, print it; later, count it (see on_end)."""
@@ -118,8 +120,10 @@ class PrefectMilestones:
                 self._log(logging.INFO, f"{phase}: {done}/{total}")
             self.logged[phase] = quarter
 
-    def on_eval(self, *, step: int, accuracy: float, label: str = "", **_: Any) -> None:
-        self._log(logging.INFO, f"evaluate[{label}]: held-out accuracy {accuracy:.1%}")
+    def on_eval(self, *, step: int, accuracy: float, label: str = "",
+                eval_set: str = "heldout", **_: Any) -> None:
+        which = "held-out" if eval_set == "heldout" else f"{eval_set!r}"
+        self._log(logging.INFO, f"evaluate[{label}]: {which} accuracy {accuracy:.1%}")
 
     def on_warning(self, *, message: str, count: int = 1, **_: Any) -> None:
         self._log(logging.WARNING, f"{message} ({count}x)" if count > 1 else message)

@@ -137,8 +137,11 @@ class VLLMEngine:
 
     def wake_up(self) -> None:
         """Bring the weights and KV cache back; the weight sync after it then copies
-        the learner's new weights in."""
+        the learner's new weights in. First torch's allocator hands the blocks the
+        learner's update freed back to the driver: vLLM's sleep-mode memory comes from
+        its own pool (cumem), which cannot use torch's cached blocks."""
         if self._can_sleep:
+            torch.cuda.empty_cache()
             self._llm.wake_up()
 
     # ------------------------------------------------------------------ generation

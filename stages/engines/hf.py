@@ -125,18 +125,6 @@ def batch_token_logprobs(model: Any, prompts: list[list[int]], completions: list
     return completion_logprobs(model, prompts, completions, temperature, pad_id)
 
 
-def _right_pad(rows: list[list[int]], pad_id: int, width: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, mask)`` of right-padded rows; mask is 1 on real tokens."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
-    return ids, mask
-
-
 def _sample(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token per row and its logprob, from the rows' logprobs (convention above,
@@ -179,8 +167,8 @@ class HFEngine:
         self._policy = policy
         self._autocast = autocast
         self._max_batch = max_batch
-        self._device = next(policy.model.parameters()).device
-        self._gen = torch.Generator(device=self._device)
+        self._seed = seed
+        self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(seed)
 
     @property
@@ -193,7 +181,23 @@ class HFEngine:
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        """Where the policy's weights are now (read at every use: the model may move)."""
+        return next(self._policy.model.parameters()).device
+
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether the loop calls :meth:`sleep` before the learner's update and
+        :meth:`wake_up` after it (gfcr.core.capabilities.EngineSleep): on a GPU."""
+        return self.device.type == "cuda"
+
+    def sleep(self) -> None:
+        """Give the memory the last decode's KV cache held back to the driver before the
+        learner's update (torch keeps freed blocks cached from other allocators)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        """Nothing to restore: the weights are the learner's, each wave builds its cache."""
 
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)
@@ -208,8 +212,9 @@ class HFEngine:
     def forced_logprobs(self, prompt_ids: list[int], ids: list[int],
                         temperature: float) -> list[float]:
         """Teacher-forced logprobs of ``ids`` at this engine's weights (the
-        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`)."""
-        return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
+        ``teacher_forcing`` capability, :mod:`stages.engines.teacher`), in its dtype."""
+        with self._autocast_ctx():
+            return teacher.forced_logprobs(self._policy, prompt_ids, ids, temperature)
 
     def get_rng_state(self) -> torch.Tensor:
         """State of the sampling generator used when ``SamplingParams.seed`` is None;
@@ -236,9 +241,11 @@ class HFEngine:
         t0 = time.perf_counter()
         check_keys(requests)
         seqs = [new_seq(r, params) for r in requests]
+        if self._gen.device != self.device:  # the model moved: a sampler there, reseeded
+            self._gen = torch.Generator(device=self.device).manual_seed(self._seed)
         gen = self._gen
         if params.seed is not None:
-            gen = torch.Generator(device=self._device)
+            gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed)
         todo = [s for s in seqs if s.reason is None]
         at_once = [s.req.key for s in seqs if s.reason is not None]
@@ -259,7 +266,7 @@ class HFEngine:
     def _autocast_ctx(self) -> contextlib.AbstractContextManager:
         if self._autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self._device.type, dtype=self._autocast)
+        return torch.autocast(device_type=self.device.type, dtype=self._autocast)
 
 
 class _Wave:

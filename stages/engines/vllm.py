@@ -74,6 +74,15 @@ class VLLM(Spec):
     update (gfcr.core.capabilities.EngineSleep). vLLM's CPU build has no sleep mode (it
     refuses ``enable_sleep_mode``), so there the engine starts without it and the calls
     do nothing: the same pipeline runs on both.
+
+    Colocated is the default on a GPU: the in-process engine moves the learner's policy
+    to the GPU (the learner follows its weights, stages.train.device), starts vLLM with
+    sleep mode and, unless ``gpu_memory_utilization`` is set, with the share of the GPU
+    the learner's resident state leaves (:func:`colocated_share`). The learner then
+    trains while vLLM sleeps and vLLM generates beside the learner's weights and
+    optimizer state (``GRPO(offload_optimizer=True)`` moves the latter to the host).
+    A fleet of servers (gfcr.transport.fleet) or a sharded learner (FSDP2) is for more
+    than one GPU.
     """
 
     type: Literal["vllm"] = "vllm"
@@ -89,7 +98,9 @@ class VLLM(Spec):
     """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
     """Share of GPU memory vLLM may take (on the CPU build: of host memory, for the whole
-    process); None: vLLM's default on GPU, ``kv_cache_gib`` on CPU."""
+    process); None: on a GPU in this process, what the learner leaves
+    (:func:`colocated_share`), vLLM's default (0.9) out of process; ``kv_cache_gib`` on
+    CPU."""
     kv_cache_gib: float | None = Field(None, gt=0.0)
     """KV cache size in GiB, set directly; None: from ``gpu_memory_utilization`` (GPU) or
     0.25 GiB (CPU)."""
@@ -97,11 +108,12 @@ class VLLM(Spec):
     """No CUDA graphs / torch.compile: quick start-up, which suits small policies."""
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs one engine spans; more than 1 needs ``in_process=False``."""
-    sleep_mode: bool = False
+    sleep_mode: bool | None = None
     """Colocate with the learner on one GPU: vLLM starts with sleep mode, and the loop
-    puts it to sleep (weights offloaded to host memory, KV cache dropped) before every
-    learner update and wakes it after, before the weight sync. Ignored on CPU, where
-    vLLM has no sleep mode."""
+    puts it to sleep (level 1: weights offloaded to host memory, KV cache dropped)
+    before every learner update and wakes it after, before the weight sync. None: on
+    when the engine runs in this process on a GPU (colocated, the default there).
+    Ignored on CPU, where vLLM has no sleep mode."""
     prefix_caching: bool = True
     """vLLM's automatic prefix caching (reset after every weight update); it serves the
     re-prefill of each segment's continuation."""
@@ -117,13 +129,23 @@ class VLLM(Spec):
         from stages.engines._vllm_run import VLLMEngine, save_policy
 
         llm_cls = _import_vllm()
+        if self._colocated():
+            policy.model.to("cuda")  # the learner trains beside vLLM, on the same GPU
         folder = Path(tempfile.mkdtemp(prefix="gfcr-vllm-"))
         save_policy(policy, folder)
         _check_head_size(policy.model.config, self.dtype)
         kwargs = self._llm_kwargs(policy, folder, seed)
         llm = _start(llm_cls, kwargs)
         return VLLMEngine(policy, llm, folder=folder, seed=seed, in_process=self.in_process,
-                          sleep_mode=self.sleep_mode, can_sleep=kwargs["enable_sleep_mode"])
+                          sleep_mode=self._sleeps(), can_sleep=kwargs["enable_sleep_mode"])
+
+    def _colocated(self) -> bool:
+        """Whether vLLM shares this process's GPU with the learner."""
+        return self.in_process and _has_cuda()
+
+    def _sleeps(self) -> bool:
+        """``sleep_mode``, or when None whether the engine is colocated."""
+        return self._colocated() if self.sleep_mode is None else self.sleep_mode
 
     def fleet(self, policy: Policy, urls: list[str], *, timeout_s: float, attempts: int,
               notify: Any, key: bytes | None = None) -> Any:
@@ -141,7 +163,7 @@ class VLLM(Spec):
             model=str(folder), skip_tokenizer_init=True, dtype=self.dtype, seed=seed,
             enforce_eager=self.enforce_eager, tensor_parallel_size=self.tensor_parallel_size,
             enable_prefix_caching=self.prefix_caching,
-            enable_sleep_mode=self.sleep_mode and _has_cuda(),  # CPU build: refused
+            enable_sleep_mode=self._sleeps() and _has_cuda(),  # CPU build: refused
             logprobs_mode="processed_logprobs",
             max_model_len=self.max_model_len or int(config.max_position_embeddings))
         if policy.adapter is not None:  # the learner trains a LoRA adapter
@@ -149,6 +171,8 @@ class VLLM(Spec):
                           max_lora_rank=_lora_rank(int(policy.adapter["r"])))
         if self.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        elif self._colocated():
+            kwargs["gpu_memory_utilization"] = colocated_share(policy.model, _gpu_bytes())
         if self.kv_cache_gib is not None or (self.gpu_memory_utilization is None
                                              and not _has_cuda()):
             kwargs["kv_cache_memory_bytes"] = int((self.kv_cache_gib or _CPU_KV_GIB) * 2**30)
@@ -163,6 +187,34 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def _lora_rank(r: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that serves rank ``r``."""
     return next(x for x in _LORA_RANKS if x >= r)
+
+
+LEARNER_BYTES = 4
+"""Copies of the trained weights the learner keeps on the GPU between updates: the
+weights, their gradients' allocation and AdamW's two moments (all in the weights'
+dtype)."""
+_MARGIN = 0.1
+"""Share of the GPU left to neither (CUDA context, allocator caches, fragmentation)."""
+
+
+def colocated_share(model: Any, total_bytes: int) -> float:
+    """The ``gpu_memory_utilization`` vLLM can take beside the learner on a GPU of
+    ``total_bytes``: what :data:`LEARNER_BYTES` copies of ``model``'s weights and a
+    :data:`_MARGIN` leave, between 0.1 and vLLM's own default 0.9. (While the learner
+    trains vLLM sleeps, so the learner's activations need no room of their own.)
+
+    >>> import torch
+    >>> colocated_share(torch.nn.Linear(1000, 1000), 80 * 2**30)
+    0.9
+    """
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    share = 1.0 - LEARNER_BYTES * weights / total_bytes - _MARGIN
+    return round(min(0.9, max(0.1, share)), 3)
+
+
+def _gpu_bytes() -> int:
+    import torch
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def _has_cuda() -> bool:

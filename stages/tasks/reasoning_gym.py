@@ -25,6 +25,7 @@ from reasoning_gym.factory import DATASETS
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
 from gfcr.core.stage import Spec, register
+from stages.tasks._readers import DataFileError, read
 
 _HELDOUT_SEED_OFFSET = 1_000_003
 """The held-out split is drawn from seed + this offset, then stripped of training prompts."""
@@ -229,31 +230,23 @@ class JsonlTask(Spec):
 
 
 def _read_jsonl(path: Path, task: str) -> list[dict]:
-    """Distinct prompt rows of a JSON-lines file; ValueError names file, line and key."""
+    """Distinct prompt rows of a JSON-lines file; ValueError names file, line and key
+    (read by stages.tasks._readers, as FileTask reads one)."""
     if not path.is_file():
         raise FileNotFoundError(f"jsonl: path {str(path)!r} is not a file")
     rows: list[dict] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object, got "
-                                 f"{type(obj).__name__}")
-            for key in ("prompt", "answer"):
-                if obj.get(key) is None:
-                    raise ValueError(f"{path}:{line_no}: missing key {key!r}")
-            pid = prompt_id(task, str(obj["prompt"]))
-            if pid in seen:
-                continue
-            seen.add(pid)
-            meta = obj.get("meta")
-            rows.append({"prompt_id": pid, "task": task, "prompt": str(obj["prompt"]),
-                         "answer": str(obj["answer"]),
-                         "meta": None if meta is None else json.dumps(meta)})
+    for row in read(path, "jsonl", ("prompt", "answer")):
+        obj = row.values
+        for key in ("prompt", "answer"):
+            if obj[key] is None:
+                raise DataFileError(f"{row.where}: column {key!r} is empty")
+        pid = prompt_id(task, str(obj["prompt"]))
+        if pid in seen:
+            continue
+        seen.add(pid)
+        meta = obj.get("meta")
+        rows.append({"prompt_id": pid, "task": task, "prompt": str(obj["prompt"]),
+                     "answer": str(obj["answer"]),
+                     "meta": None if meta is None else json.dumps(meta)})
     return rows

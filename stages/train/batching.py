@@ -1,12 +1,20 @@
 """Micro-batches for gradient accumulation, packed under a sequence count and a token budget.
 
 A micro-batch costs memory in proportion to its padded rectangle: rows times the longest
-``prompt + completion`` in it. :func:`pack` cuts the batch, in order, into runs whose
-rectangle stays within ``max_tokens`` and whose row count stays within ``max_rows``.
-Order is kept (not sorted by length) so the rows of a GRPO group, which share their
-prompt, stay together for the shared-prefix forward (:mod:`stages.train.forward`).
-A single sequence longer than the budget gets a micro-batch of its own: a sequence is
-never split.
+``prompt + completion`` in it. :func:`pack` cuts a sequence of rows, in order, into runs
+whose rectangle stays within ``max_tokens`` and whose row count stays within
+``max_rows``. A single sequence longer than the budget gets a micro-batch of its own: a
+sequence is never split.
+
+The learner's micro-batches are :func:`plan`'s: rows ordered and cut so that the forward
+passes run the fewest token slots (:func:`slots`) plus a fixed cost per micro-batch. A
+GRPO group's rows share their prompt, and the shared-prefix forward
+(:mod:`stages.logprobs`) runs a common prefix once, so keeping a group together saves its
+prompt; sorting rows by length saves padding (the length bucketing of Megatron and TRL's
+padding-free batches). The plan weighs the two: within a group the rows go longest first
+and the group is split where the padding saved is worth another run of its prompt, or
+the rows are sorted across groups, whichever costs less. ``packing_waste``
+(:func:`waste`) is the padded share of the slots the chosen plan runs.
 
 The gradient of the whole batch is the sum of the micro-batch gradients as long as each
 micro-batch's loss is divided by the whole batch's count (``denominator`` in
@@ -22,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from stages.logprobs import MIN_SHARED, common_prefix
 
 
 def pack(lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None
@@ -48,6 +58,105 @@ def pack(lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None
     if current:
         runs.append(current)
     return runs
+
+
+MAX_WASTE = 0.05
+"""The padded share of the micro-batch rectangles a plan may leave (issue 33's target)."""
+SLACK = 0.1
+"""How much more a plan within MAX_WASTE may cost than the cheapest and still be chosen."""
+OVERHEAD = {"cpu": 16, "cuda": 1024}
+"""The fixed cost of one more micro-batch (a forward and a backward: kernel launches,
+Python), in token slots, by device type (others: the CPU's); a GPU wants few, big ones."""
+
+
+def plan(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+         max_rows: int, max_tokens: int | None = None, shares_prefix: bool = True,
+         overhead: int = OVERHEAD["cpu"]) -> list[list[int]]:
+    """Micro-batches (row indices) of the rows at the least cost: token :func:`slots`
+    plus ``overhead`` a micro-batch, each within ``max_rows`` rows and a ``max_tokens``
+    rectangle. Two orders are cut optimally (:func:`_cuts`): the batch's groups in turn,
+    each group's rows longest first (a group split in two runs its prompt twice: worth
+    it when that saves more padding), and every row by length, longest first. The
+    cheaper is kept, unless the other costs at most :data:`SLACK` more and leaves at
+    most :data:`MAX_WASTE` padding where the cheaper leaves more: padding holds memory
+    too, and slot counts do not see every cost (a few short prompts saved against a
+    batch of padded rows is a wash). ``shares_prefix``: whether the forward runs a
+    common prompt prefix once (off under gradient checkpointing)."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    first: dict[tuple[int, ...], int] = {}
+    keys = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+    grouped = sorted(range(len(lengths)), key=lambda i: (keys[i], -lengths[i], i))
+    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], keys[i], i))
+    options = sorted(_cuts(order, prompts, lengths, max_rows, max_tokens, shares_prefix,
+                           overhead) for order in (grouped, by_length))
+    tight = [runs for cost, runs in options if cost <= options[0][0] * (1 + SLACK)
+             and waste(prompts, completions, runs) <= MAX_WASTE]
+    return tight[0] if tight else options[0][1]
+
+
+def _cuts(order: list[int], prompts: Sequence[Sequence[int]], lengths: list[int],
+          max_rows: int, max_tokens: int | None, shares_prefix: bool, overhead: int
+          ) -> tuple[int, list[list[int]]]:
+    """``(cost, runs)``: the cheapest cut of ``order`` into consecutive micro-batches
+    (dynamic programming over the last cut, each end's candidates at once in numpy; a
+    row longer than the budget goes alone; ties: the shorter last micro-batch)."""
+    if max_rows < 1:
+        raise ValueError(f"plan: max_rows must be >= 1, got {max_rows!r}")
+    n = len(order)
+    total = np.asarray([lengths[i] for i in order], dtype=np.int64)
+    prompt = np.asarray([len(prompts[i]) for i in order], dtype=np.int64)
+    shared = np.asarray([0] + [_lcp(prompts[order[j - 1]], prompts[order[j]])
+                               for j in range(1, n)], dtype=np.int64)
+    best, back = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+    for end in range(1, n + 1):
+        lo = max(end - max_rows, 0)
+        rows = end - np.arange(lo, end)
+        longest = np.maximum.accumulate(total[lo:end][::-1])[::-1]
+        # the prefix rows start..end-1 share: the least lcp of neighbours, below each prompt
+        k = np.full(end - lo, 1 << 30, dtype=np.int64)
+        k[:-1] = np.minimum.accumulate(shared[lo + 1:end][::-1])[::-1]
+        prefix = np.minimum(k, np.minimum.accumulate(prompt[lo:end][::-1])[::-1] - 1)
+        prefix = np.where((prefix >= MIN_SHARED) & (rows > 1) & shares_prefix, prefix, 0)
+        cost = best[lo:end] + overhead + prefix + rows * (longest - prefix)
+        if max_tokens is not None:
+            cost = np.where((rows > 1) & (rows * longest > max_tokens), np.inf, cost)
+        pick = len(cost) - 1 - int(np.argmin(cost[::-1]))
+        best[end], back[end] = cost[pick], lo + pick
+    runs, end = [], n
+    while end > 0:
+        runs.append(order[int(back[end]):end])
+        end = int(back[end])
+    return int(best[n]), runs[::-1]
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two prompts."""
+    n = min(len(a), len(b))
+    j = 0
+    while j < n and a[j] == b[j]:
+        j += 1
+    return j
+
+
+def slots(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+          run: Sequence[int], shares_prefix: bool = True) -> tuple[int, int]:
+    """``(slots, real)`` of one micro-batch's forward: the positions it runs (a shared
+    prefix once, then rows x the longest rest) and how many of them hold a token."""
+    k = common_prefix([prompts[i] for i in run]) if shares_prefix and len(run) > 1 else 0
+    k = k if k >= MIN_SHARED else 0
+    rest = [len(prompts[i]) + len(completions[i]) - k for i in run]
+    return k + len(run) * max(rest, default=0), k + sum(rest)
+
+
+def waste(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+          runs: Sequence[Sequence[int]]) -> float:
+    """``packing_waste``: the padded share of the micro-batches' rectangles (rows x the
+    longest ``prompt + completion`` in each), the measure a plain padded loop has too.
+    A shared prefix's saving is not counted here (it is compute saved, not padding)."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    total = sum(len(run) * max(lengths[i] for i in run) for run in runs if run)
+    real = sum(lengths[i] for run in runs for i in run)
+    return (total - real) / total if total else 0.0
 
 
 def padded(rows: Sequence[np.ndarray | Sequence[float]], width: int, *, fill: float = 0.0,

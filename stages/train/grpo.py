@@ -21,7 +21,8 @@ What the learner adds around the loss (:mod:`stages.train.loss`):
 - **mechanics**: micro-batches under a sequence count and a token budget with gradient
   accumulation equal to the full-batch gradient (:mod:`stages.train.batching`), AdamW,
   a warm-up + constant/linear/cosine learning-rate schedule, gradient-norm clipping,
-  optional bf16 autocast (:mod:`stages.train.optim`);
+  optional bf16 autocast (:mod:`stages.train.optim`); fused AdamW on CUDA and the device
+  and dtype read from the model at every update (:mod:`stages.train.device`);
 - **memory** at a real vocabulary: completion logprobs from the hidden states, the output
   layer applied a chunk of tokens at a time under activation checkpointing (no batch x
   length x vocabulary float32 logits, :mod:`stages.logprobs`), optional gradient
@@ -128,6 +129,10 @@ class GRPO(StageSpec):
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward instead of keeping them
     (transformers' gradient checkpointing): less memory for about one more forward."""
+    offload_optimizer: bool = False
+    """Keep AdamW's state (8 bytes a trained weight) in host memory between updates,
+    brought to the weights' device for each update and sent back after it: room on a GPU
+    shared with the engine (vLLM's KV cache) for a host round trip per update."""
     lora: LoraSpec | None = None
     """Train a LoRA adapter over the frozen policy instead of every weight (peft; see
     stages.train.lora): the optimizer, the checkpoints and the weight sync then hold the

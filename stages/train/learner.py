@@ -10,6 +10,11 @@ entropies for the token selector), the
 reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each over
 micro-batches (:mod:`stages.train.batching`) whose losses are divided by whole-batch counts
 so the accumulated gradient is the full-batch gradient.
+
+The device and dtype are read from the trained weights at every update, never kept from
+the build (:mod:`stages.train.device`): the engine places the model after the learner
+exists. Inside the micro-batch loop nothing waits for the device: losses and statistics
+stay tensors until the update ends (their weights are counted on the host).
 """
 
 from __future__ import annotations
@@ -24,18 +29,17 @@ import pyarrow as pa
 import torch
 
 from gfcr.core.engine import Policy
-from gfcr.core.rollout import col
 from gfcr.core.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy
-from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
 from stages.train import work as work_rows
 from stages.train.work import Work
-from stages.train.batching import pack, padded
+from stages.train import device as placing
+from stages.train.batching import OVERHEAD, plan, waste
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.lora import LoraTraining
-from stages.train.loss import Aggregation, RatioLevel, policy_loss, token_entropy
+from stages.train.loss import Aggregation, RatioLevel, token_entropy
 from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
 from stages.train.ranks import OneProcess, Ranks
 
@@ -68,6 +72,7 @@ class LearnerOptions:
     tis_cap: float | None
     token_selector: str = "d3s"
     gradient_checkpointing: bool = False
+    offload_optimizer: bool = False
 
 class GRPOLearner:
     """Applies :class:`GRPO` updates to the run's policy, which it updates in place. It
@@ -84,32 +89,62 @@ class GRPOLearner:
         self.ranks: Ranks = OneProcess()
         """The processes an update's rows are shared between (stages.train.ranks); a
         sharded learner (stages.train.fsdp) sets its own."""
+        self._pinned: torch.device | None = None
         self.optimizer = self._new_optimizer()
-        self.device = next(policy.model.parameters()).device
-        problem = bf16_problem(self.device) if spec.precision == "bf16" else None
-        if problem:
-            raise ValueError(f"stage {spec.label!r}: precision='bf16': {problem}")
+        self._placed = placing.placement(self._trained())
         if spec.gradient_checkpointing:
             checkpoint_layers(policy.model, spec.label)
+
+    @property
+    def device(self) -> torch.device:
+        """The policy's weights' device, read at every use (the engine may move the
+        model), unless a sharded learner pinned its compute device (offloaded shards)."""
+        if self._pinned is not None:
+            return self._pinned
+        return placing.placement(self.policy.model.parameters())[0]
+
+    @device.setter
+    def device(self, value: torch.device) -> None:
+        self._pinned = value
+
+    def _trained(self) -> list[torch.nn.Parameter]:
+        """The weights the optimizer updates: the adapter's once it is in, else all."""
+        lora = self.lora if self.lora is not None and self.lora.active else None
+        return lora.parameters() if lora else list(self.policy.model.parameters())
+
+    def _place(self) -> None:
+        """Fit the update to where the model is now (bf16, optimizer, KL reference)."""
+        problem = bf16_problem(self.device) if self.spec.precision == "bf16" else None
+        if problem:
+            raise ValueError(f"stage {self.spec.label!r}: precision='bf16': {problem}")
+        self.optimizer, self._placed = placing.fitted(self.optimizer, self._placed,
+                                                      self._trained(), self._new_optimizer)
+        if self.reference is not None and self._pinned is None:
+            self.reference.to(self.device)
 
     # ------------------------------------------------------------------ update
 
     def update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
-        """Advantages over the batch's groups, then ``epochs`` clipped-PG steps; the
-        step's peak memory in the metrics (:mod:`stages.train.memory`)."""
+        """Advantages, then ``epochs`` clipped-PG steps; the step's peak memory too."""
+        self.start_adapter()
+        self._place()
         with PeakMemory(self.device) as peak:
             result = self._update(ctx, batch)
+        self.optimizer.zero_grad(set_to_none=True)  # memory for the engine until the next
+        if self.spec.offload_optimizer:
+            placing.move_state(self.optimizer, torch.device("cpu"))
         result.metrics.update(peak.metrics())
         return result
 
     def _update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
-        self.start_adapter()
         rewards = work_rows.rewards(batch, self.spec.label)
         adv = self._advantages(batch, rewards)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
                    "adv_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0}
         work = self.prepare(ctx, batch, adv)
         metrics.update(work.metrics)
+        metrics["packing_waste"] = waste(work.prompts, work.completions,
+                                         self._micro_batches(work))
         position = ctx.step if ctx is not None else self.updates
         metrics["lr"] = self.spec.lr * lr_factor(position, self.spec.lr_schedule,
                                                  warmup=self.spec.warmup_steps,
@@ -130,6 +165,7 @@ class GRPOLearner:
         parameters' ``.grad`` (accumulated over micro-batches); no optimizer step. For
         diagnostics and tests."""
         self.start_adapter()
+        self._place()
         adv = self._advantages(batch, work_rows.rewards(batch, self.spec.label))
         work = self.prepare(ctx, batch, adv)
         self.optimizer.zero_grad(set_to_none=True)
@@ -182,11 +218,8 @@ class GRPOLearner:
     # ------------------------------------------------------------------ pieces
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
-        """AdamW over the weights that train: the adapter's once it is in, else all."""
-        params = (self.lora.parameters() if self.lora is not None and self.lora.active
-                  else list(self.policy.model.parameters()))
-        return torch.optim.AdamW(params, lr=self.spec.lr, betas=(0.9, 0.999),
-                                 weight_decay=0.0)
+        """AdamW over the weights that train (fused on CUDA, stages.train.device)."""
+        return placing.adamw(self._trained(), self.spec.lr)
 
     def start_adapter(self) -> None:
         """Inject the LoRA adapter at the first update (after any warm start), with an
@@ -197,23 +230,9 @@ class GRPOLearner:
     def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
         """The estimator's advantages over the batch's groups, replaced by the advantage
         override on rows that carry one (:func:`stages.train.masks.override_advantages`)."""
-        adv = self._estimated_advantages(batch, rewards)
+        adv = work_rows.estimated_advantages(batch, rewards, self.spec.advantage,
+                                             self.spec.label)
         return loss_masks.override_advantages(batch, adv, stage=self.spec.label)
-
-    def _estimated_advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
-        estimator = lookup_advantage(self.spec.advantage)
-        groups = np.asarray(batch.column(col.GROUP_ID).to_pylist())
-        components = None
-        if self.spec.advantage in READS_COMPONENTS and col.REWARDS in batch.column_names:
-            entries = batch.column(col.REWARDS).to_pylist()
-            if any(entries):  # none: the scalar reward is the one component
-                try:
-                    components = reward_components(entries)[1]
-                except ValueError as err:
-                    raise ValueError(f"stage {self.spec.label!r}: advantage="
-                                     f"{self.spec.advantage!r} needs the same reward "
-                                     f"components on every row: {err}") from None
-        return np.asarray(estimator(rewards, groups, components), dtype=np.float64)
 
     def _epoch(self, work: Work) -> dict[str, float]:
         """One optimizer step, gradients accumulated over micro-batches."""
@@ -222,15 +241,16 @@ class GRPOLearner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
                                                    self.spec.max_grad_norm)
         self.optimizer.step()
-        return {"loss": total, "grad_norm": _scalar(grad_norm), **stats}
+        return {"loss": total, "grad_norm": placing.scalar(grad_norm), **stats}
 
     def _accumulate(self, work: Work) -> tuple[float, dict[str, float]]:
         """Backward of every micro-batch; the loss and token-weighted statistics."""
         spec, device = self.spec, self.device
         denominator = work_rows.denominator(work, spec.aggregation)
         norm = work_rows.norm(work, spec.aggregation, spec.norm_tokens)
-        total, n_all = 0.0, 0.0
-        weighted: dict[str, float] = {}
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        n_all = 0.0
+        weighted: dict[str, torch.Tensor] = {}
         rows = list(range(len(work.prompts)))
         lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in rows]
         for part in self.ranks.parts(rows, lengths, lambda r: self._micro_batches(work, r)):
@@ -238,25 +258,19 @@ class GRPOLearner:
                 self._idle(work)
                 continue
             new, mask, entropy = self._forward(work, part, grad=True)
-            width = mask.shape[1]
-            loss_mask = padded([work.masks[i] for i in part], width, dtype=torch.bool,
-                               device=device)
-            loss, stats = policy_loss(
-                new, padded([work.old[i] for i in part], width, device=device),
-                work_rows.advantages_of(work, part, width, device),
-                loss_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
-                aggregation=spec.aggregation, denominator=denominator, max_tokens=norm,
-                ratio_level=spec.ratio_level, is_weights=work_rows.values_of(work.weights, part, width, device),
-                ref_logprobs=work_rows.values_of(work.ref, part, width, device), kl_coef=spec.kl_coef,
-                entropy=entropy, entropy_coef=spec.entropy_coef)
+            loss, stats = work_rows.micro_loss(
+                work, part, new, entropy, denominator=denominator, max_tokens=norm,
+                clip_low=spec.clip_low, clip_high=spec.clip_high,
+                aggregation=spec.aggregation, ratio_level=spec.ratio_level,
+                kl_coef=spec.kl_coef, entropy_coef=spec.entropy_coef)
             loss.backward()
-            total += loss.item()
-            n = float(loss_mask.sum())
+            total += loss.detach()
+            n = float(sum(int(work.masks[i].sum()) for i in part))  # on the host: no sync
             n_all += n
             for key, value in stats.items():
-                weighted[key] = weighted.get(key, 0.0) + value * n
-        sums = self.ranks.total({"loss": total, "n": n_all,
-                                 **{f"stat/{k}": v for k, v in weighted.items()}})
+                weighted[key] = weighted.get(key, 0.0) + value.detach().double() * n
+        host = placing.floats({"loss": total, **{f"stat/{k}": v for k, v in weighted.items()}})
+        sums = self.ranks.total({**host, "n": n_all})
         return sums["loss"], {k[5:]: v / max(sums["n"], 1.0) for k, v in sums.items()
                               if k.startswith("stat/")}
 
@@ -268,10 +282,13 @@ class GRPOLearner:
 
     def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
         idx = list(range(len(work.prompts))) if subset is None else subset
-        lengths = [len(work.prompts[i]) + len(work.completions[i]) for i in idx]
-        runs = pack(lengths, max_rows=self.spec.micro_batch,
-                    max_tokens=self.spec.micro_batch_tokens)
-        return [[idx[j] for j in run] for run in runs]
+        if tuple(idx) not in work.plans:  # one plan per update and subset of rows
+            runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
+                        max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
+                        shares_prefix=not self.spec.gradient_checkpointing,
+                        overhead=OVERHEAD.get(self.device.type, OVERHEAD["cpu"]))
+            work.plans[tuple(idx)] = [[idx[j] for j in run] for run in runs]
+        return work.plans[tuple(idx)]
 
     def _forward(self, work: Work, part: list[int], *, grad: bool,
                  entropy: bool | None = None, model: Any = None
@@ -380,15 +397,3 @@ class GRPOLearner:
         self.optimizer = self._new_optimizer()  # over the adapter just injected
         return True
 
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _scalar(norm: torch.Tensor) -> float:
-    """The clipped-before norm as a float; a sharded model's is a replicated DTensor."""
-    if torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(norm, DTensor):
-            return float(norm.full_tensor())
-    return float(norm)

@@ -29,7 +29,7 @@ per-token entropy (:func:`token_entropy`). Aggregation of l over the [B, T] batc
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -39,14 +39,24 @@ AGGREGATIONS = ("token_mean", "seq_mean", "seq_mean_token_sum_norm")
 
 
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor, *,
-                clip_low: float = 0.2, clip_high: float = 0.2,
-                aggregation: Aggregation = "seq_mean",
-                denominator: float | None = None, max_tokens: int | None = None,
-                ratio_level: RatioLevel = "token", is_weights: torch.Tensor | None = None,
-                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
-                entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+                advantages: torch.Tensor, mask: torch.Tensor,
+                **options: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`policy_loss_terms` with its statistics as floats (one host sync each: for
+    callers outside a training loop; the learner keeps the tensors)."""
+    loss, stats = policy_loss_terms(new_logprobs, old_logprobs, advantages, mask, **options)
+    return loss, {key: float(value) for key, value in stats.items()}
+
+
+def policy_loss_terms(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      advantages: torch.Tensor, mask: torch.Tensor, *,
+                      clip_low: float = 0.2, clip_high: float = 0.2,
+                      aggregation: Aggregation = "seq_mean",
+                      denominator: float | None = None, max_tokens: int | None = None,
+                      ratio_level: RatioLevel = "token",
+                      is_weights: torch.Tensor | None = None,
+                      ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                      entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss (plus optional KL and entropy terms) and its statistics.
 
     Shapes: ``new_logprobs``, ``old_logprobs``, ``mask`` and the optional ``is_weights``,
@@ -63,7 +73,7 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     when ``kl_coef != 0``, ``entropy`` when ``entropy_coef != 0``; given with a zero
     coefficient they are only measured.
 
-    Statistics (floats, over masked tokens): ``clip_frac`` (tokens whose clipped term is
+    Statistics (0-d tensors on the loss's device, over masked tokens): ``clip_frac`` (tokens whose clipped term is
     the active one), ``approx_kl`` (k3 estimator of KL(old || new), Schulman 2020:
     mean of rho - 1 - log rho, per token even with ``ratio_level="sequence"``),
     ``ratio_mean`` (of the ratio the surrogate used); ``kl_ref`` (mean k3 to the
@@ -96,18 +106,18 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
 @torch.no_grad()
 def _statistics(mask: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tensor,
                 clipped: torch.Tensor, kl: torch.Tensor | None,
-                entropy: torch.Tensor | None) -> dict[str, float]:
-    """policy_loss's statistics: means over the masked tokens."""
+                entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """policy_loss's statistics: means over the masked tokens, as 0-d tensors (no sync)."""
     n = mask.sum().clamp(min=1).to(ratio.dtype)
     stats = {
-        "clip_frac": float(_masked(clipped.to(ratio.dtype), mask).sum() / n),
-        "approx_kl": float(_masked(log_ratio.exp() - 1.0 - log_ratio, mask).sum() / n),
-        "ratio_mean": float(_masked(ratio, mask).sum() / n),
+        "clip_frac": _masked(clipped.to(ratio.dtype), mask).sum() / n,
+        "approx_kl": _masked(log_ratio.exp() - 1.0 - log_ratio, mask).sum() / n,
+        "ratio_mean": _masked(ratio, mask).sum() / n,
     }
     if kl is not None:
-        stats["kl_ref"] = float(kl.sum() / n)
+        stats["kl_ref"] = kl.sum() / n
     if entropy is not None:
-        stats["entropy"] = float(entropy.sum() / n)
+        stats["entropy"] = entropy.sum() / n
     return stats
 
 

@@ -30,6 +30,7 @@ from safetensors.torch import load_model, save_model
 
 from gfcr.core.engine import Policy, encode_prompt
 from gfcr.core.stage import Spec, register
+from stages.train.device import adamw
 from stages.train.forward import sequence_logprobs
 
 _CACHE_VERSION = 1
@@ -103,7 +104,7 @@ class SFT(Spec):
         prompts, completions = _examples(policy, task)
         model = policy.model
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=0.0)
+        optimizer = adamw(list(model.parameters()), self.lr)  # fused on CUDA
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
         order = _batches(len(prompts), self.batch_size, self.steps, seed)
         tail: list[float] = []

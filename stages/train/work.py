@@ -4,14 +4,16 @@ and the whole-batch counts the loss is divided by."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from gfcr.core.rollout import col
+from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
 from stages.train.batching import padded
-from stages.train.loss import Aggregation, truncated_is_weights
+from stages.train.loss import Aggregation, policy_loss_terms, truncated_is_weights
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Work:
     """Per-token advantages (per-turn credit, stages.train.masks.token_advantages); None:
     ``adv``, one per row."""
     metrics: dict[str, float] = field(default_factory=dict)
+    plans: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
+    """Micro-batches already planned, by the rows they cut (stages.train.batching.plan)."""
 
 
 def rewards(batch: pa.Table, label: str) -> np.ndarray:
@@ -123,3 +127,35 @@ def values_of(values: list[np.ndarray] | None, part: list[int], width: int,
               device: torch.device) -> torch.Tensor | None:
     """The rows' per-token values (IS weights, reference logprobs), padded; None: none."""
     return None if values is None else padded([values[i] for i in part], width, device=device)
+
+
+def estimated_advantages(batch: pa.Table, rewards: np.ndarray, advantage: str,
+                         label: str) -> np.ndarray:
+    """The estimator ``advantage``'s advantages over the batch's groups (with the
+    ``rewards`` components for an estimator that reads them)."""
+    estimator = lookup_advantage(advantage)
+    groups = np.asarray(batch.column(col.GROUP_ID).to_pylist())
+    components = None
+    if advantage in READS_COMPONENTS and col.REWARDS in batch.column_names:
+        entries = batch.column(col.REWARDS).to_pylist()
+        if any(entries):  # none: the scalar reward is the one component
+            try:
+                components = reward_components(entries)[1]
+            except ValueError as err:
+                raise ValueError(f"stage {label!r}: advantage={advantage!r} needs the "
+                                 f"same reward components on every row: {err}") from None
+    return np.asarray(estimator(rewards, groups, components), dtype=np.float64)
+
+
+def micro_loss(work: Work, part: list[int], new: torch.Tensor, entropy: torch.Tensor | None,
+               **options: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of the micro-batch ``part`` (new logprobs ``new``, ``[B, T]``) against its
+    rows' old logprobs, advantages, masks and, when the work has them, IS weights and
+    reference logprobs: :func:`stages.train.loss.policy_loss_terms` with ``options``."""
+    width, device = new.shape[1], new.device
+    mask = padded([work.masks[i] for i in part], width, dtype=torch.bool, device=device)
+    return policy_loss_terms(
+        new, padded([work.old[i] for i in part], width, device=device),
+        advantages_of(work, part, width, device), mask,
+        is_weights=values_of(work.weights, part, width, device),
+        ref_logprobs=values_of(work.ref, part, width, device), entropy=entropy, **options)

@@ -146,9 +146,10 @@ def test_a_running_runs_page_follows_its_steps_and_says_how_it_ended(served: dic
     page.wait_for_function("document.getElementById('run-last').textContent === '1'", timeout=WAIT_MS)
     print(f"live update {time.monotonic() - committed:.2f} s after the commit")
     page.wait_for_function("document.getElementById('charts').dataset.steps === '2'", timeout=WAIT_MS)
-    # the first view's own chart read may see the new step before the live handler has
-    # replaced the steps table (it awaits the head first): wait for the table, not race it
-    page.wait_for_function("document.querySelectorAll('#run-steps tbody tr').length === 2", timeout=WAIT_MS)
+    # the steps table is its own fragment, fetched beside the charts: wait for it too (a
+    # chart redrawn by the page's first load can show step 1 before the table does)
+    page.wait_for_function("document.querySelectorAll('#run-steps tbody tr').length === 2",
+                           timeout=WAIT_MS)
     store.finish_run("live", "failed", error="RuntimeError: the scorer went away")
     page.wait_for_selector("#run-end", timeout=WAIT_MS)
     assert "failed" in page.inner_text("#run-end") and "scorer went away" in page.inner_text("#run-end")

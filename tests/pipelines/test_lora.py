@@ -87,3 +87,36 @@ def test_an_async_lora_run_generates_ahead_on_its_own_copy_with_the_adapter(
     lags = [m["staleness/max"] for m in summary.history]
     assert max(lags) == 1
     assert summary.accuracy_after > summary.accuracy_warmstart, summary
+
+
+@pytest.mark.parametrize("lora", ["merged", "adapter"])
+def test_a_lora_run_exports_merged_or_as_a_peft_adapter(
+        tmp_path: Path, uninterrupted: tuple[Path, Any], lora: str) -> None:
+    """``gfcr export``'s folder of the LoRA run gives the run's logits in transformers:
+    the adapter merged into the weights, or the warm-started base with peft's adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from gfcr.runner.export import export_run
+    from gfcr.runner.resume import stored_pipeline
+    from stages import lora as peft_lora
+
+    root, _ = uninterrupted
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        pipeline = stored_pipeline(s, "l")
+        step, files = export_run(s, root, "l", tmp_path / lora, lora=lora)
+    policy = pipeline.policy.build(seed=pipeline.seed)  # the run's: base, warm start, adapter
+    pipeline.warmstart.run(policy, pipeline.task, seed=pipeline.seed, cache_dir=root / "cache")
+    adapter, _ = peft_lora.read_file(checkpoint.latest(checkpoint.directory(root, "l")).path
+                                     / "model.safetensors")
+    peft_lora.apply(policy.model, adapter)
+    ids = torch.tensor([[5, 17, 23, 42, 8, 11]])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / lora)
+    if lora == "adapter":
+        assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(files)
+        model = PeftModel.from_pretrained(model, tmp_path / lora / "adapter")
+    else:
+        assert not any(f.startswith("adapter") for f in files)
+    with torch.no_grad():
+        expected, got = policy.model(input_ids=ids).logits, model(input_ids=ids).logits
+    assert step == 3 and torch.allclose(got, expected, atol=1e-5)

@@ -47,3 +47,9 @@ def fails_on_odd(completion: str, answer: str | None, meta: str | None) -> float
     if len(completion) % 2:
         raise ValueError("odd-length completion")
     return 0.0
+
+
+def even_length(completion: str, answer: str | None, meta: dict | None) -> float:
+    """1.0 for a completion of even length: about half of a random policy's samples are
+    right, so pass@k and flips have something to count (tests/gfcr/test_own_data.py)."""
+    return float(len(completion) % 2 == 0)

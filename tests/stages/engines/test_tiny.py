@@ -127,3 +127,33 @@ def test_hf_tokenizer_pad_falls_back_to_eos():
 def test_hf_checkpoint_missing_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere"):
         HFCheckpoint(path=str(tmp_path / "nowhere")).build(seed=0)
+
+
+def test_hf_checkpoint_resolves_a_hub_id_from_the_cache_offline(tmp_path, monkeypatch):
+    """A hub id is found in a Hugging Face cache laid out as huggingface_hub writes it
+    (refs/main -> snapshots/<commit>/files) with the hub offline: nothing is fetched; an
+    id or revision the cache lacks fails naming the id, the revision and the cache."""
+    from huggingface_hub import constants
+
+    cache, commit = tmp_path / "hub", "0" * 39 + "1"
+    repo = cache / "models--acme--tiny-sums"
+    hf_tok, size = _char_tokenizer_fast()
+    saved = _save_tiny(repo / "snapshots" / commit, hf_tok, size)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    policy = HFCheckpoint(path="acme/tiny-sums").build(seed=0)
+    x = torch.tensor([policy.tokenizer.encode("ab 12+3")])
+    with torch.no_grad():
+        assert torch.allclose(policy.model(input_ids=x).logits, saved(input_ids=x).logits)
+    pinned = HFCheckpoint(path="acme/tiny-sums", revision=commit).build(seed=0)
+    assert pinned.tokenizer.encode("ab") == policy.tokenizer.encode("ab")
+    with pytest.raises(FileNotFoundError, match=r"hub id 'acme/tiny-sums' \(revision 'v2'\) "
+                                                rf"is not in the Hugging Face cache '{cache}' "
+                                                r"and the hub is offline"):
+        HFCheckpoint(path="acme/tiny-sums", revision="v2").build(seed=0)
+    with pytest.raises(FileNotFoundError, match="hub id 'acme/other'"):
+        HFCheckpoint(path="acme/other").build(seed=0)
+    with pytest.raises(ValueError, match="revision='v2' applies to a hub id"):
+        HFCheckpoint(path=str(repo / "snapshots" / commit), revision="v2").build(seed=0)

@@ -76,7 +76,7 @@ def _write(path, rows):
 
 def test_jsonl_missing_key_names_file_line_and_key(tmp_path):
     path = _write(tmp_path / "qa.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}])
-    with pytest.raises(ValueError, match=r"qa\.jsonl:2: missing key 'answer'"):
+    with pytest.raises(ValueError, match=r"qa\.jsonl:2: no column 'answer'"):
         JsonlTask(path=path, heldout_fraction=0.5).train_prompts()
 
 
