@@ -13,7 +13,7 @@ reads of the same run in the same invocation.
    (``/events?run=RUN``) delivering its marker. Target < 2 s.
 
 The store is generated with pyarrow straight into ``RolloutStore.commit_step`` (steps of
-50,000 small rollouts; a few minutes here). Each figure is the median of 3 after a warm-up.
+50,000 small rollouts; about a minute here); ``--store`` of an earlier run reuses it. Each figure is the median of 3 after a warm-up.
 
     python bench/ui.py [--rows 1000000] [--per-step 50000] [--store DIR] [--json]
 """
@@ -43,12 +43,14 @@ from gfcr.core.rollout import col  # noqa: E402
 from store import RolloutStore  # noqa: E402
 
 RUN = "ui-bench"
+LIVE = "ui-bench-live"
+"""The run the live latency commits steps to (the 1M run's steps stay as generated)."""
 REASONS = ("zero_variance", "too long", "duplicate")
 
 
-def step_rows(step: int, n: int) -> pa.Table:
-    """``n`` small rollouts of ``step`` with a spread of rewards and dropped rows with reasons."""
-    table = rollouts(RUN, step, n, prompt_tokens=8, completion_tokens=16, n_prompts=50_000, seed=step)
+def step_rows(step: int, n: int, run: str = RUN) -> pa.Table:
+    """``n`` small rollouts of ``run``'s ``step`` with a spread of rewards and dropped rows with reasons."""
+    table = rollouts(run, step, n, prompt_tokens=8, completion_tokens=16, n_prompts=50_000, seed=step)
     rng = np.random.default_rng(step + 1000)
     reward = np.round(rng.beta(2, 3, n), 3)
     kept = rng.random(n) < 0.8
@@ -61,9 +63,14 @@ def step_rows(step: int, n: int) -> pa.Table:
 
 
 def generate(path: Path, rows: int, per_step: int) -> tuple[RolloutStore, int]:
+    """The store at ``path`` with the run's ``rows`` in steps of ``per_step``: a store
+    generated before (``--store`` again) is reused as it is, its steps left untouched."""
     store = RolloutStore.open(path)
-    store.start_run(RUN, pipeline="bench", spec_yaml="name: bench\n", spec_hash="-", code_version="bench")
     steps = -(-rows // per_step)
+    last = store.last_step(RUN)
+    if last is not None and last >= steps - 1:
+        return store, steps
+    store.start_run(RUN, pipeline="bench", spec_yaml="name: bench\n", spec_hash="-", code_version="bench")
     for step in range(steps):
         n = min(per_step, rows - step * per_step)
         store.commit_step(RUN, step, step_rows(step, n), policy_version=step,
@@ -78,13 +85,17 @@ def get(url: str) -> bytes:
         return r.read()
 
 
-def live_latency(base: str, store: RolloutStore, step: int, repeats: int = 5) -> float:
-    """Median seconds from a commit returning to its marker arriving on the live feed."""
+def live_latency(base: str, store: RolloutStore, repeats: int = 5) -> float:
+    """Median seconds from a commit of run LIVE returning to its marker arriving on the
+    live feed."""
     got: list[tuple[float, bytes]] = []
     ready = threading.Event()
+    store.start_run(LIVE, pipeline="bench", spec_yaml="name: bench\n", spec_hash="-", code_version="bench")
+    last = store.last_step(LIVE)
+    step = 0 if last is None else last + 1
 
     def listen() -> None:
-        with urllib.request.urlopen(f"{base}/events?run={RUN}", timeout=300) as r:
+        with urllib.request.urlopen(f"{base}/events?run={LIVE}", timeout=300) as r:
             for line in r:
                 if line.startswith(b"data:"):
                     got.append((time.perf_counter(), line))
@@ -96,7 +107,7 @@ def live_latency(base: str, store: RolloutStore, step: int, repeats: int = 5) ->
     latencies = []
     for k in range(repeats):
         seen = len(got)
-        store.commit_step(RUN, step + k, step_rows(step + k, 1000), policy_version=step + k, metrics={})
+        store.commit_step(LIVE, step + k, step_rows(step + k, 1000, LIVE), policy_version=step + k, metrics={})
         done = time.perf_counter()
         while len(got) == seen:
             time.sleep(0.01)
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                    "a reward range, every step": "reward_min=0.9&reward_max=1",
                    "free text": "q=abc", "second page of a step": f"step={last}&offset=50"}
         per_filter = {k: median(lambda q=q: get(f"{base}/runs/{RUN}/rollouts?{q}")) for k, q in filters.items()}
-        latency = live_latency(base, store, steps)
+        latency = live_latency(base, store)
     finally:
         server.terminate()
         server.wait(30)

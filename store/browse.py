@@ -12,13 +12,15 @@ alike, with those values null.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute as pc
 
-from gfcr.core.browse import RolloutQuery
+from gfcr.core.browse import TEXT_CAP, RolloutPage, RolloutQuery
 from gfcr.core.rollout import with_turns
 
 from .lake import RolloutStore
@@ -60,6 +62,12 @@ SELECT r.run_id, r.pipeline, r.status, r.started_at, r.finished_at, {error} AS e
 FROM runs r LEFT JOIN s USING (run_id) LEFT JOIN e USING (run_id)
 ORDER BY r.started_at DESC
 """
+
+_ORDER = "step DESC, group_id, sample_idx, rollout_id"
+"""The rollouts table's order: newest step first, then group and sample."""
+_NO_KEYS = pa.table({"step": pa.array([], pa.int64()), "group_id": pa.array([], pa.string()),
+                     "sample_idx": pa.array([], pa.int32()), "rollout_id": pa.array([], pa.string()),
+                     "reward": pa.array([], pa.float64())})
 
 _NO_EVALS = "SELECT NULL::VARCHAR AS run_id, NULL::DOUBLE AS accuracy WHERE false"
 
@@ -119,15 +127,70 @@ class BrowseReads:
 
     def rollouts(self, run_id: str, query: RolloutQuery) -> pa.Table:
         where, params = self._where(run_id, query)
+        return self.store.sql(  # one top-N: DuckDB reads the wide columns of the page's rows only
+            f"SELECT {self._shown()} FROM rollouts WHERE {where} ORDER BY {_ORDER} "
+            "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
+
+    def _shown(self) -> str:
+        """The table's columns (texts clipped; server and turns null where not stored)."""
         have = set(self.columns())
         server = "server" if "server" in have else "NULL::VARCHAR AS server"
         turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
+        return (f"rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
+                f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
+                f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns")
+
+    def _wide(self, run_id: str, keys: pa.Table) -> pa.Table:
+        """The table columns of the rows ``keys`` (``step``, ``rollout_id``) only: the scan
+        is pruned to their steps' files and reads the texts of those rows alone."""
+        steps = keys.column("step")
+        low, high = (pc.min(steps).as_py(), pc.max(steps).as_py()) if keys.num_rows else (0, -1)
         return self.store.sql(
-            f"SELECT rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
-            f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
-            f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns "
-            f"FROM rollouts WHERE {where} ORDER BY step DESC, group_id, sample_idx, rollout_id "
-            "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
+            f"SELECT {self._shown()} "
+            "FROM rollouts WHERE run_id = $run AND step BETWEEN $low AND $high "
+            f"AND list_contains($ids::VARCHAR[], rollout_id) ORDER BY {_ORDER}",
+            {"run": run_id, "low": low, "high": high, "ids": keys.column("rollout_id").to_pylist()})
+
+    def page(self, run_id: str, query: RolloutQuery, bins: int, cap: int | None = TEXT_CAP) -> RolloutPage:
+        if query.q is None or query.step is not None or cap is None:
+            total, bars = self.histogram(run_id, query, bins)
+            return RolloutPage(self.rollouts(run_id, query), total, bars)
+        return self._text_page(run_id, query, bins, cap)
+
+    def _text_page(self, run_id: str, query: RolloutQuery, bins: int, cap: int) -> RolloutPage:
+        """A free-text filter over every step, newest steps first: one step, then as many
+        steps as the matches per rollout so far say the rest needs, until ``cap``
+        matches (and the page's rows) are found or no step is left: a substring scan of
+        every text is what costs, so a common word stops early."""
+        sizes = self.store.sql("SELECT step, sum(n_rollouts) AS n FROM steps WHERE run_id = $run "
+                               "GROUP BY step ORDER BY step DESC", {"run": run_id}).to_pylist()
+        steps = [r["step"] for r in sizes]
+        where, params = self._where(run_id, query.without("reward_min", "reward_max"))
+        found: list[pa.Table] = []
+        start, end, in_range, scanned_rows = 0, 1, 0, 0
+        while start < len(steps):
+            window = steps[start:end]
+            part = self.store.sql(
+                f"SELECT step, group_id, sample_idx, rollout_id, reward FROM rollouts WHERE {where} "
+                "AND step BETWEEN $w_low AND $w_high", {**params, "w_low": window[-1], "w_high": window[0]})
+            found.append(part)
+            in_range += _in_range(part, query).num_rows
+            scanned_rows += sum(r["n"] or 0 for r in sizes[start:end])
+            start, need = end, max(cap, query.offset + query.limit) - in_range
+            if need <= 0:
+                break
+            wanted = need * scanned_rows / in_range if in_range else 2 * max(scanned_rows, 1)
+            while end < len(steps) and (end == start or wanted > 0):  # the steps that rate asks for
+                wanted -= sizes[end]["n"] or 0
+                end += 1
+        matched = pa.concat_tables(found) if found else _NO_KEYS
+        ranged = _in_range(matched, query)
+        keys = ranged.sort_by([("step", "descending"), ("group_id", "ascending"), ("sample_idx", "ascending"),
+                               ("rollout_id", "ascending")]).slice(query.offset, query.limit)
+        complete = start >= len(steps)
+        scanned = (steps[min(start, len(steps)) - 1], steps[0]) if steps else None
+        return RolloutPage(self._wide(run_id, keys), ranged.num_rows, _bars(matched.column("reward"), bins),
+                           complete, scanned)
 
     def histogram(self, run_id: str, query: RolloutQuery, bins: int) -> tuple[int, pa.Table]:
         where, params = self._where(run_id, query.without("reward_min", "reward_max"))
@@ -146,7 +209,7 @@ class BrowseReads:
             "b.lo + (coalesce(c.bin, 0) + 1) * (b.hi - b.lo) / $bins AS high, c.n "
             "FROM b LEFT JOIN c ON true ORDER BY bin", {**params, "bins": bins})
         total = int(table.column("total")[0].as_py() or 0) if table.num_rows else 0
-        bars = table.drop_columns(["total"]).filter(pa.compute.is_valid(table.column("n")))
+        bars = table.drop_columns(["total"]).filter(pc.is_valid(table.column("n")))
         return total, bars
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
@@ -187,3 +250,32 @@ class BrowseReads:
             "AND temperature = 0 AND (len($labels::VARCHAR[]) = 0 OR list_contains($labels::VARCHAR[], label)) "
             "ORDER BY prompt_id, label LIMIT 20000",
             {"run": run_id, "set": eval_set, "labels": list(labels)})
+
+
+def _in_range(rows: pa.Table, query: RolloutQuery) -> pa.Table:
+    """``rows`` whose reward lies in the query's range (a bound set excludes unscored rows)."""
+    mask = None
+    for bound, op in ((query.reward_min, pc.greater_equal), (query.reward_max, pc.less_equal)):
+        if bound is not None:
+            test = pc.fill_null(op(rows.column("reward"), bound), False)
+            mask = test if mask is None else pc.and_(mask, test)
+    return rows if mask is None else rows.filter(mask)
+
+
+def _bars(rewards: pa.ChunkedArray, bins: int) -> pa.Table:
+    """Equal reward bins over the scored ``rewards`` as BrowseReads.histogram gives them
+    (``bin``, ``low``, ``high``, ``n``; empty bins left out)."""
+    bins = max(1, min(int(bins), 200))
+    values = pc.drop_null(rewards).to_numpy()
+    if not len(values):
+        return pa.table({"bin": pa.array([], pa.int64()), "low": pa.array([], pa.float64()),
+                         "high": pa.array([], pa.float64()), "n": pa.array([], pa.int64())})
+    low, high = float(values.min()), float(values.max())
+    index = (np.full(len(values), bins - 1, np.int64) if high == low  # as SQL's least(NULL, b)
+             else np.minimum(np.floor((values - low) / (high - low) * bins), bins - 1).astype(np.int64))
+    counts = np.bincount(index, minlength=bins)
+    used = np.flatnonzero(counts)
+    span = high - low  # the edges as the SQL histogram computes them, bit for bit
+    return pa.table({"bin": used.astype(np.int64), "low": low + used * span / bins,
+                     "high": low + (used + 1) * span / bins,
+                     "n": counts[used].astype(np.int64)})

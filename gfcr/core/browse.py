@@ -17,6 +17,11 @@ PAGE = 50
 """Rollouts per page of the rollouts table."""
 MAX_PAGE = 500
 """The most rollouts one page may ask for."""
+TEXT_CAP = 500
+"""Matches of a free-text filter after which the rollouts page stops scanning older steps
+(a substring scan of every text costs ~25 ms a 50,000-row step): its count then reads
+"500+" and its histogram covers the newest steps scanned (said on
+the page, with a link that counts every step)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,21 @@ class RolloutQuery:
         return out
 
 
+@dataclass(frozen=True)
+class RolloutPage:
+    """One page of a run's rollouts with the count and reward histogram of all that match.
+
+    ``complete`` False: a free-text filter stopped at ``TEXT_CAP`` matches, so ``total``
+    is a lower bound and ``bars`` count the matches in steps ``steps[0]``..``steps[1]``
+    (the newest), the page's rows being exact all the same (rows go newest step first)."""
+
+    rows: pa.Table
+    total: int
+    bars: pa.Table
+    complete: bool = True
+    steps: tuple[int, int] | None = None
+
+
 class BrowseReads(Protocol):
     """Named, read-only reads a live view makes of a store (``store.browse``)."""
 
@@ -103,6 +123,13 @@ class BrowseReads(Protocol):
         """How many rollouts meet ``query``, and ``bins`` equal reward bins over the scored
         rows that meet it with its reward range aside (``bin``, ``low``, ``high``, ``n``;
         empty bins left out), in one scan."""
+        ...
+
+    def page(self, run_id: str, query: RolloutQuery, bins: int, cap: int | None = TEXT_CAP) -> RolloutPage:
+        """:meth:`rollouts` and :meth:`histogram` of one page. A free-text filter over
+        every step scans the newest steps first, narrow columns beside the texts, and
+        stops past ``cap`` matches (None: every step); the page's wide columns are then
+        read for its rows only."""
         ...
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from gfcr.core.browse import RolloutQuery
+from gfcr.core.browse import TEXT_CAP, RolloutPage, RolloutQuery
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
 from gfcr.ui.params import integer, rollout_query, run_list
@@ -25,16 +25,17 @@ def rollouts_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> str:
     ctx.run(run_id)
     query = rollout_query(params)
     browse = ctx.browse()
+    every = params.get("count", "") == "all"
     try:
-        rows = browse.rollouts(run_id, query)
-        total, bars = browse.histogram(run_id, query, BINS)
-        hist = bars.to_pylist()
+        found = browse.page(run_id, query, BINS, cap=None if every else TEXT_CAP)
     except ValueError as e:  # a filter the store cannot answer (no server column)
         raise UiError(400, f"bad filter: {e}") from e
     base = f"/runs/{seg(run_id)}/rollouts"
-    body = (_form(base, query) + _histogram(base, query, hist)
-            + f'<p id="count">{total:,} rollouts match; showing {query.offset + 1 if total else 0}'
-              f"–{query.offset + rows.num_rows}. {_pager(base, query, total)}</p>"
+    rows, total = found.rows, found.total
+    body = (_form(base, query) + _histogram(base, query, found.bars.to_pylist(), _partial(base, query, found))
+            + f'<p id="count">{total:,}{"" if found.complete else "+"} rollouts match; showing '
+              f"{query.offset + 1 if rows.num_rows else 0}–{query.offset + rows.num_rows}. "
+              f"{_pager(base, query, total, found.complete)}</p>"
             + _rows_table(run_id, rows.to_pylist()))
     return page(f"Rollouts of {run_id}", body,
                 crumbs=[(run_id, f"/runs/{seg(run_id)}"), ("rollouts", base)],
@@ -49,10 +50,20 @@ def _form(base: str, query: RolloutQuery) -> str:
             f'<button type="submit">filter</button> <a href="{escape(base)}">clear</a></form>')
 
 
-def _histogram(base: str, query: RolloutQuery, bins: list[dict[str, Any]]) -> str:
+def _partial(base: str, query: RolloutQuery, found: RolloutPage) -> str:
+    """What a free-text count that stopped early covers, and the link that counts it all."""
+    if found.complete or found.steps is None:
+        return ""
+    every = href(base, {**query.as_params(), "count": "all"})
+    return (f' <span id="partial">over the newest steps {found.steps[0]}–{found.steps[1]}, where the '
+            f'text search stopped at {found.total:,} matches; <a href="{escape(every)}">count every step</a>'
+            "</span>")
+
+
+def _histogram(base: str, query: RolloutQuery, bins: list[dict[str, Any]], partial: str = "") -> str:
     """An SVG bar per reward bin, each a link to the rows of that reward range."""
     if not bins:
-        return '<p class="muted">no scored rollout matches: no reward histogram</p>'
+        return f'<p class="muted">no scored rollout matches: no reward histogram{partial}</p>'
     width, height, top = 600, 120, max(b["n"] for b in bins)
     bar = width / BINS
     params = query.as_params()
@@ -67,7 +78,7 @@ def _histogram(base: str, query: RolloutQuery, bins: list[dict[str, Any]]) -> st
     low, high = bins[0]["low"], bins[-1]["high"]
     axis = (f'<text x="0" y="{height - 2}">{low:.3g}</text>'
             f'<text x="{width}" y="{height - 2}" text-anchor="end">{high:.3g}</text>')
-    return (f'<div class="hist"><small>reward histogram (click a bar to filter)</small>'
+    return (f'<div class="hist"><small>reward histogram (click a bar to filter){partial}</small>'
             f'<svg id="histogram" viewBox="0 0 {width} {height}" width="{width}" height="{height}">'
             f"{''.join(bars)}{axis}</svg></div>")
 
@@ -76,12 +87,12 @@ def _edge(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _pager(base: str, query: RolloutQuery, total: int) -> str:
+def _pager(base: str, query: RolloutQuery, total: int, complete: bool = True) -> str:
     params = query.as_params()
     links = []
     if query.offset > 0:
         links.append(f'<a href="{escape(href(base, {**params, "offset": max(0, query.offset - query.limit)}))}">previous</a>')
-    if query.offset + query.limit < total:
+    if query.offset + query.limit < total or not complete:
         links.append(f'<a id="next" href="{escape(href(base, {**params, "offset": query.offset + query.limit}))}">next</a>')
     return " ".join(links)
 

@@ -19,6 +19,7 @@ from gfcr.ui import UiServer, serve
 from gfcr.ui.context import UiError
 from gfcr.ui.params import rollout_query
 from store import RolloutStore
+from store.browse import BrowseReads
 from tests.resources import old_store
 from tests.resources.runs import synthetic_run
 
@@ -175,6 +176,40 @@ def test_the_evaluations_page_shows_which_prompts_a_run_flipped(tmp_path: Path) 
         assert status == 400 and "step=9" in bad and "is not an evaluation" in bad
         assert "Traceback" not in bad
         assert server.failures == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path: Path, monkeypatch) -> None:
+    store = RolloutStore.open(tmp_path / "store")
+    try:
+        synthetic_run(store, "text", [{"reward_mean": 0.5}] * 6)  # 6 steps of 32, every prompt "1 + 1 ="
+        browse = BrowseReads(store)
+        for query in (RolloutQuery(q="1 + 1"), RolloutQuery(q="1 + 1", offset=50),
+                      RolloutQuery(q="1 + 1", reward_min=1.0)):
+            exact = browse.page("text", query, 20, cap=None)
+            capped = browse.page("text", query, 20, cap=40)
+            assert capped.rows.to_pylist() == exact.rows.to_pylist() == browse.rollouts("text", query).to_pylist()
+            assert exact.complete and exact.total == browse.histogram("text", query, 20)[0]
+            assert not capped.complete and 40 <= capped.total < exact.total, (query, capped.total, exact.total)
+            assert capped.steps is not None and capped.steps[1] == 5 and capped.steps[0] > 0
+        first = browse.page("text", RolloutQuery(q="1 + 1"), 20, cap=40)
+        assert (first.total, first.steps) == (64, (4, 5))  # step 5's 32 matches said one step more was enough
+        whole = browse.page("text", RolloutQuery(q="1 + 1"), 20, cap=10_000)
+        assert whole.complete and whole.total == 6 * 32
+        assert whole.bars.to_pylist() == browse.histogram("text", RolloutQuery(q="1 + 1"), 20)[1].to_pylist()
+    finally:
+        store.close()
+    monkeypatch.setattr("gfcr.ui.pages_rollouts.TEXT_CAP", 40)
+    server = serve(str(tmp_path / "store"), port=0)
+    try:
+        base = server.url.rstrip("/") + "/runs/text/rollouts?q=1+%2B+1"
+        status, capped_page = _get(base)
+        assert status == 200 and "64+ rollouts match" in capped_page, capped_page[-800:]
+        assert "over the newest steps 4–5" in capped_page and "count=all" in capped_page
+        status, every = _get(base + "&count=all")
+        assert status == 200 and "192 rollouts match" in every and 'id="partial"' not in every
     finally:
         server.shutdown()
         server.server_close()
