@@ -4,6 +4,7 @@ engine pools' key, and two vLLM servers for the fleet tests."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,24 @@ def fleet_servers(tmp_path_factory: pytest.TempPathFactory):
 
     vllm_engine_spec()
     yield from fleet.pool(tmp_path_factory.mktemp("fleet"), tmp_path_factory.getbasetemp())
+
+
+SLOW_FIXTURES = frozenset({"fleet_servers", "prefect_server"})
+"""Fixtures that start servers: a test using one is slow whatever it takes itself."""
+
+
+def _slow_tests() -> frozenset[str]:
+    """Test functions that tests/slow.txt names (written by tools/slow_tests.py)."""
+    listed = Path(__file__).with_name("slow.txt")
+    if not listed.exists():
+        return frozenset()
+    return frozenset(line.strip() for line in listed.read_text().splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tests ``slow``, so ``pytest -m "not slow"`` is the fast subset."""
+    slow = _slow_tests()
+    for item in items:
+        if item.nodeid.split("[")[0] in slow or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
