@@ -157,6 +157,15 @@ class TeacherForcing(Protocol):
 
 
 @runtime_checkable
+class ContextLength(Protocol):
+    """Optional on an engine: the most tokens one sequence (prompt and completion) may
+    hold, the policy's positions (None: not known). The agent endpoint refuses a longer
+    conversation before rendering it (stages.generate._limits)."""
+
+    def context_length(self) -> int | None: ...
+
+
+@runtime_checkable
 class EngineSleep(Protocol):
     """Optional on an engine: frees its accelerator memory while the learner updates, so
     engine and learner can share one GPU (vLLM's sleep mode, ``VLLM(sleep_mode=True)``).

@@ -5,10 +5,18 @@ decisions end sequences (stop -> ``aborted``, prune -> ``pruned``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gfcr.core.engine import Decision, GenOutput, GenRequest, Inflight, SamplingParams, SegmentHook
 
 DECISION_REASON: dict[str, str] = {"stop": "aborted", "prune": "pruned"}
+
+
+def context_of(model: Any) -> int | None:
+    """A transformers model's context in tokens (its config's ``max_position_embeddings``;
+    None when the config has none): the engines' ``context_length``."""
+    value = model.config.to_dict().get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 @dataclass

@@ -16,7 +16,7 @@ from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, Seg
                               encode_prompt, stop_token_ids)
 from stages import lora
 from stages.engines import teacher
-from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
+from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output
 
 
 _LORA_IDS = itertools.count(1)
@@ -46,6 +46,10 @@ class VLLMEngine:
     def policy(self) -> Policy:
         """The trainer's policy; teacher-forced passes (Hints' forced tokens) run on it."""
         return self._policy
+
+    def context_length(self) -> int | None:
+        """The policy's context (gfcr.core.capabilities.ContextLength)."""
+        return context_of(self._policy.model)
 
     @property
     def llm(self) -> Any:

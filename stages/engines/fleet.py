@@ -43,7 +43,7 @@ from gfcr.core.engine import (GenOutput, GenRequest, Policy, RequestRefused,
                               SamplingParams, SegmentHook, encode_prompt, stop_token_ids)
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
-from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
+from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output
 from stages.engines._vllm_run import _append
 
 
@@ -88,6 +88,10 @@ class FleetEngine:
         """The run's policy's tokenizer (and chat template): the agentic stages render
         conversations with it here, so nothing of vLLM's is needed in this process."""
         return self._policy.tokenizer
+
+    def context_length(self) -> int | None:
+        """The policy's context (gfcr.core.capabilities.ContextLength)."""
+        return context_of(self._policy.model)
 
     def encode(self, text: str) -> list[int]:
         return self._policy.tokenizer.encode(text)

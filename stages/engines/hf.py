@@ -53,7 +53,7 @@ from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, Seg
 from gfcr.core.stage import Spec, register
 from stages import lora
 from stages.engines import teacher
-from stages.engines._seqs import Seq, ask_hook, check_keys, new_seq, output
+from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output
 from stages.logprobs import completion_logprobs, log_probs
 
 
@@ -178,6 +178,10 @@ class HFEngine:
     @property
     def policy(self) -> Policy:
         return self._policy
+
+    def context_length(self) -> int | None:
+        """The policy's context (gfcr.core.capabilities.ContextLength)."""
+        return context_of(self._policy.model)
 
     @property
     def device(self) -> torch.device:

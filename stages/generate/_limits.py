@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gfcr.core.capabilities import ContextLength
+from stages.engines.tiny import HFTokenizer
 from stages.engines.tokenizers import ByteTokenizer, CharTokenizer
 
 DEFAULT_TOKEN_CHARS = 64
@@ -24,13 +26,9 @@ DEFAULT_TOKEN_CHARS = 64
 
 
 def policy_context(engine: Any) -> int | None:
-    """The policy's context in tokens (its model config's ``max_position_embeddings``),
-    or None when the engine does not say."""
-    # getattr: engines outside gfcr's protocol; a transformers config's optional field
-    policy = getattr(engine, "policy", None)
-    config = getattr(getattr(policy, "model", None), "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
+    """The policy's context in tokens, or None when the engine does not say
+    (gfcr.core.capabilities.ContextLength)."""
+    return engine.context_length() if isinstance(engine, ContextLength) else None
 
 
 def context_limit(engine: Any, configured: int | None) -> int | None:
@@ -44,12 +42,10 @@ def max_token_chars(tokenizer: Any) -> int:
     vocabulary entry (a byte or character tokenizer's is 1)."""
     if isinstance(tokenizer, (ByteTokenizer, CharTokenizer)):
         return 1
-    # getattr: gfcr's HFTokenizer wraps a transformers tokenizer (``hf``)
-    hf = getattr(tokenizer, "hf", None)
-    if hf is None:
+    if not isinstance(tokenizer, HFTokenizer):  # gfcr's wrapper of a transformers tokenizer
         return DEFAULT_TOKEN_CHARS
     try:
-        vocab = hf.get_vocab()
+        vocab = tokenizer.hf.get_vocab()
     except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary
         return DEFAULT_TOKEN_CHARS
     return max((len(t) for t in vocab), default=DEFAULT_TOKEN_CHARS) + 1

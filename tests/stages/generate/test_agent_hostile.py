@@ -166,3 +166,14 @@ def _closed(s: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+def test_the_context_limit_is_the_smaller_of_the_configured_and_the_policy_s():
+    from gfcr.core.capabilities import ContextLength
+    from stages.generate import _limits
+
+    engine = HF(device="cpu").build(POLICY.model_copy(update={"max_position": 96}).build(seed=0), seed=0)
+    assert isinstance(engine, ContextLength) and engine.context_length() == 96
+    assert _limits.context_limit(engine, None) == 96
+    assert _limits.context_limit(engine, 40) == 40 and _limits.context_limit(engine, 500) == 96
+    assert _limits.context_limit(object(), None) is None  # an engine that does not say
