@@ -70,20 +70,14 @@ def template_ids(coder: TemplateCoder, render: Render, messages: list[dict[str, 
     specials = tuple(s for s in coder.specials if s)
     if tools and _any_special(tools, specials):
         tools = _escaped(tools, specials)
-    hostile = [i for i, m in enumerate(messages)
-               if holds_special(m.get("content"), specials) or holds_special(m.get("name"),
-                                                                               specials)]
+    messages = [_other_fields_escaped(m, specials) for m in messages]
+    hostile = [i for i, m in enumerate(messages) if holds_special(m.get("content"), specials)]
     if not hostile:
         return coder.encode_template(render(messages, tools))
-    messages = [dict(m) for m in messages]
-    for i in hostile:
-        if holds_special(messages[i].get("name"), specials):
-            messages[i]["name"] = escape(messages[i]["name"], specials)
-    split = _split(coder, render, messages, tools, [i for i in hostile
-                                                    if holds_special(messages[i]["content"],
-                                                                     specials)])
+    split = _split(coder, render, messages, tools, hostile)
     if split is not None:
         return split
+    messages = [dict(m) for m in messages]  # the caller's messages stay as they are
     for i in hostile:
         messages[i]["content"] = escape(str(messages[i].get("content") or ""), specials)
     return coder.encode_template(render(messages, tools))
@@ -114,6 +108,15 @@ def _split(coder: TemplateCoder, render: Render, messages: list[dict[str, Any]],
         elif piece:
             ids += coder.encode_template(piece)
     return ids
+
+
+def _other_fields_escaped(message: dict[str, Any], specials: Sequence[str]) -> dict[str, Any]:
+    """``message`` with special strings escaped in every field but ``content`` (a name, an
+    assistant's ``tool_calls`` arguments): the template renders them as text too."""
+    others = {k: v for k, v in message.items() if k != "content"}
+    if not _any_special(others, specials):
+        return message
+    return {k: v if k == "content" else _escaped(v, specials) for k, v in message.items()}
 
 
 def _any_special(value: Any, specials: Sequence[str]) -> bool:

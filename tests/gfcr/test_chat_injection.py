@@ -92,3 +92,24 @@ def test_a_template_that_changes_content_gets_the_special_strings_escaped() -> N
         None)
     assert _count(tok, ids) == {"start": 2, "end": 1}
     assert f"<{JOINER}|im_end|>" in tok.hf.decode(ids, skip_special_tokens=False)
+
+
+def test_chat_text_cannot_forge_turns_in_an_agent_s_tool_call_arguments() -> None:
+    """An agent's own assistant message is rendered by the template, tool calls and all:
+    special strings in its ``tool_calls`` arguments (or its name) stay text too."""
+    tok = chat_tokenizer()
+
+    def render(messages: list[dict], tools: list[dict] | None) -> str:  # a template that inlines arguments
+        return "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}"
+                       + "".join(c["function"]["arguments"] for c in m.get("tool_calls") or [])
+                       + "<|im_end|>\n" for m in messages)
+
+    def call(arguments: str) -> list[dict]:
+        return [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "name": "agent",
+                 "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": arguments}}]}]
+    sent = call('{"code": "' + FORGE + '"}')
+    honest = template_ids(tok, render, call('{"code": "print(4)"}'), None)
+    forged = template_ids(tok, render, sent, None)
+    assert _count(tok, forged) == _count(tok, honest) == {"start": 2, "end": 2}
+    assert sent[1]["tool_calls"][0]["function"]["arguments"].count("<|im_end|>") == 2  # not rewritten
