@@ -55,11 +55,18 @@ def test_a_learner_built_before_the_model_is_placed_trains_where_it_lands():
     torch's "meta" device, with no storage at all), then the model is placed."""
     policy = TINY.build(seed=0)
     weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    # non-persistent buffers (rotary inv_freq) are not in the state dict: to_empty leaves
+    # them uninitialised memory (NaN at random), so they are put back by hand
+    buffers = {k: v.clone() for k, v in policy.model.named_buffers()}
     policy.model.to("meta")
     learner = GRPO(lr=1e-2).learner(policy, seed=0)
     assert learner.device.type == "meta"
     policy.model.to_empty(device="cpu")
     policy.model.load_state_dict(weights)
+    for name, value in buffers.items():
+        if name not in weights:
+            module, _, attr = name.rpartition(".")
+            policy.model.get_submodule(module).register_buffer(attr, value, persistent=False)
     policy.model.tie_weights()
     result = learner.update(None, rollouts(policy, REWARDS, GROUPS))
     assert learner.device == torch.device("cpu")
