@@ -6,7 +6,8 @@ task row and each of its ``n`` samples, gfcr calls ``solve`` on a thread with a 
 whose base URL is gfcr's OpenAI-compatible endpoint over the step's policy
 (:mod:`stages.generate.openai_api`) and the task's fields (``prompt`` and ``question``:
 its text; ``answer``; ``meta``, parsed from JSON; ``task``; ``prompt_id``). What ``solve``
-returns is the rollout's reward, so the pipeline needs no Verify stage.
+returns is the rollout's reward, so the pipeline needs no Verify stage; it may return
+``(reward, {name: value})`` to store the reward's components (the ``rewards`` column) too.
 
 Every call's prompt ids, generated ids and logprobs are recorded, and the episode's calls
 become trajectories (:mod:`stages.generate._episodes`): a call that extends the previous
@@ -124,7 +125,7 @@ class AgentEnv(StageSpec):
 
     def generate(self, ctx: StepContext, plan: pa.Table, engine: Engine,
                  on_segment: SegmentHook | None) -> pa.Table:
-        fn = _agent(self.agent, f"stage {self.label!r}: agent")
+        fn = self.agent_function()
         tasks = plan.to_pylist()
         tokenizer = chat_tokenizer(engine, self.label)
         chat = chat_format(tokenizer)
@@ -147,6 +148,10 @@ class AgentEnv(StageSpec):
             _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
         return self._table(ctx, tasks, runs, engine)
 
+    def agent_function(self) -> Callable[..., Any]:
+        """The function each episode runs (a subclass may supply its own)."""
+        return _agent(self.agent, f"stage {self.label!r}: agent")
+
     def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_Run"],
                engine: Engine) -> pa.Table:
         rows: list[dict[str, Any]] = []
@@ -154,6 +159,8 @@ class AgentEnv(StageSpec):
         for run in runs:
             more = episode_rows(ctx, tasks[run.task], run.group, run.sample, run.episode, engine,
                                 reward=run.reward, error=run.error, seconds=run.seconds)
+            for row in more:
+                row[col.REWARDS] = run.rewards
             rows += more
             ends += [run.end()] * len(more)
         failed = [r for r in runs if r.error is not None]
@@ -182,6 +189,8 @@ class _Run:
     group: str
     """The task's group id: its rows' ``group_id``, and its requests' group on a fleet."""
     reward: float | None = None
+    rewards: list[tuple[str, float]] | None = None
+    """The reward's components, when the agent returned them."""
     error: str | None = None
     seconds: float = 0.0
     started: float = 0.0
@@ -197,11 +206,13 @@ class _Run:
             return "done"
         return "env_timeout" if self.error.startswith("Timeout:") else "env_error"
 
-    def settle(self, reward: float | None, error: str | None, *, close: bool = False) -> None:
+    def settle(self, reward: float | None, error: str | None, *, close: bool = False,
+               rewards: list[tuple[str, float]] | None = None) -> None:
         """Record the outcome, unless the episode was already closed by its timeout."""
         with self.lock:
             if not self.closed:
                 self.reward, self.error, self.closed = reward, error, close
+                self.rewards = rewards
 
 
 class _Driver:
@@ -241,7 +252,8 @@ class _Driver:
 
         def body() -> None:
             try:
-                run.settle(*_reward(fn(client, task)))
+                reward, error, parts = _reward(fn(client, task))
+                run.settle(reward, error, rewards=parts)
             except BaseException as err:  # noqa: BLE001 - the agent's error, recorded
                 run.settle(None, f"{type(err).__name__}: {err}")
             finally:
@@ -334,10 +346,16 @@ def _agent(ref: str, what: str) -> Callable[..., Any]:
     return found
 
 
-def _reward(value: Any) -> tuple[float | None, str | None]:
+def _reward(value: Any) -> tuple[float | None, str | None, list[tuple[str, float]] | None]:
+    """(reward, error, components): an agent returns a number, or (number, {name: value})
+    to store the reward's components too."""
+    parts: list[tuple[str, float]] | None = None
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value, named = value
+        parts = [(str(k), float(v)) for k, v in named.items()]
     if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return float(value), None
-    return None, f"the agent returned {value!r}, not a finite number"
+        return float(value), None, parts
+    return None, f"the agent returned {value!r}, not a finite number", None
 
 
 def _n(prompt: dict[str, Any], default: int) -> int:
