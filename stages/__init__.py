@@ -29,6 +29,7 @@ from stages.generate.episodes import Episodes
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample
 from stages.generate.tree import TreeRollout
+from stages.generate.verifiers_env import VerifiersEnv
 from stages.replay.cross_run import CrossRunReplay
 from stages.replay.dots import DOTS
 from stages.replay.fission import FissionBranch
@@ -40,6 +41,7 @@ from stages.replay.uniform import UniformSampler
 from stages.replay.vade import VADE
 from stages.tasks.files import FileTask
 from stages.tasks.reasoning_gym import JsonlTask, ReasoningGym
+from stages.tasks.verifiers import VerifiersTask
 from stages.train.grpo import GRPO
 from stages.train.lora import LoraSpec
 from stages.train.sft import SFT
@@ -52,4 +54,4 @@ __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
-           "PythonArithmetic", "AgentEnv", "LoraSpec"]
+           "PythonArithmetic", "AgentEnv", "LoraSpec", "VerifiersEnv", "VerifiersTask"]
