@@ -124,6 +124,25 @@ def outcome(episode: Any) -> tuple[float, dict[str, float]]:
     return total, components
 
 
+def score_reply(task: Any, reply: str) -> float:
+    """The rubric's weighted sum on a one-turn conversation: the task's prompt and
+    ``reply`` (what a held-out evaluation of single completions can score); raises like
+    :func:`outcome` on a reward that raises or is not finite."""
+    vf = verifiers()
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import AgentInfo, TraceTask
+    nodes = [MessageNode(message=vf.UserMessage(content=task.data.prompt_text)),
+             MessageNode(parent=0, message=vf.AssistantMessage(content=reply), sampled=True)]
+    trace = vf.Trace(task=TraceTask(type=type(task).__name__, data=task.data),
+                     agent=AgentInfo(config=vf.AgentConfig()), nodes=nodes)
+    asyncio.run(task.score(trace))
+    for name, reward in trace.rewards.items():
+        if reward is None or not math.isfinite(reward.score):
+            raise ValueError(f"reward function {name!r} returned "
+                             f"{None if reward is None else reward.score!r}")
+    return float(trace.reward)
+
+
 class Runner:
     """An event loop on its own thread holding ``env.serving()`` for a step; gfcr's agent
     threads run episodes on it and wait."""

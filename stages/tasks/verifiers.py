@@ -7,8 +7,10 @@ holds ``{"vf_idx": i}``, the task's index in the environment, which
 :class:`stages.generate.verifiers_env.VerifiersEnv` uses to run that very task. Its
 ``prompt`` is the task's prompt text.
 
-Scoring is the environment's rubric over an episode, which needs the episode (its
-``VerifiersEnv`` runs it): :meth:`score` of a bare completion is refused with that reason.
+Training rewards are the rubric's over whole episodes (``VerifiersEnv`` runs them);
+:meth:`score`, which a held-out evaluation of single greedy completions calls, is the
+rubric on the one-turn conversation of the task's prompt and the completion (exact for a
+single-turn environment; for a multi-turn one, its first turn alone).
 
 >>> VerifiersTask(module="my_env", heldout_fraction=0.2)  # doctest: +SKIP
 """
@@ -40,14 +42,16 @@ class VerifiersTask(Spec):
     seed: int = Field(0, ge=0)
 
     _splits: tuple[pa.Table, pa.Table] | None = PrivateAttr(default=None)
+    _tasks: dict[int, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _reads(self) -> "VerifiersTask":
         env = _vf.load(self.module, self.args, 1)
+        self._tasks = {t.data.idx: t for t in _vf.tasks(env)}
         rows = [{"prompt_id": prompt_id(self.module, t.data.prompt_text),
                  "task": self.module, "prompt": t.data.prompt_text,
                  "answer": _answer(t.data), "meta": json.dumps({"vf_idx": t.data.idx})}
-                for t in _vf.tasks(env)]
+                for t in self._tasks.values()]
         if len(rows) < 2:
             raise ValueError(f"verifiers environment {self.module!r} has {len(rows)} "
                              "task(s); a train and a held-out split need 2 or more")
@@ -70,8 +74,11 @@ class VerifiersTask(Spec):
         return self._tables()[1]
 
     def score(self, completion: str, answer: str | None, meta: str | None) -> float:
-        raise ValueError(f"verifiers environment {self.module!r}: its rubric scores "
-                         "episodes, which VerifiersEnv runs; a bare completion has none")
+        idx = json.loads(meta or "{}").get("vf_idx")
+        if idx not in self._tasks:
+            raise ValueError(f"verifiers environment {self.module!r}: meta {meta!r} names "
+                             "none of its tasks")
+        return _vf.score_reply(self._tasks[idx], completion)
 
     def _tables(self) -> tuple[pa.Table, pa.Table]:
         assert self._splits is not None

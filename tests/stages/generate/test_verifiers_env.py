@@ -183,3 +183,43 @@ def test_a_rubric_that_raises_or_returns_nan_is_that_episodes_error() -> None:
     assert "the rubric broke on task 1" in errors[1]
     assert "'shaky' returned nan, not a finite number" in errors[2]
     assert [r["reward"] for r in rows if r["score_error"]] == [0.0, 0.0]
+
+
+def pipeline(module: str, policy: Any, engine: Any) -> Any:
+    """Two GRPO steps of the environment from scratch, on ``engine``."""
+    from gfcr import Evaluation, Pipeline
+    from stages import GRPO, UniformSampler
+
+    return Pipeline(name="vf", seed=0, steps=2, policy=policy, engine=engine,
+                    task=VerifiersTask(module=ENVS + module, heldout_fraction=0.3),
+                    evaluation=Evaluation(size=2, max_tokens=4),
+                    stages=[UniformSampler(batch=2),
+                            VerifiersEnv(module=ENVS + module, n=2, max_tokens=6,
+                                         window=1.0, max_turns=3),
+                            GRPO(lr=1e-4)])
+
+
+def trained_two_steps(p: Any, root: Any) -> list[dict[str, Any]]:
+    """Runs ``p`` and returns its stored rows, checked: two steps, each row scored by the
+    rubric (its components stored) and taken by the learner."""
+    from gfcr.launch.run import execute
+    from store import RolloutStore
+
+    summary = execute(p, root=root, executor="local")
+    assert summary.steps == 2
+    with RolloutStore.open(root / "store", read_only=True) as s:
+        rows = s.sql(f"SELECT step, reward, rewards, score_error, consumed_at_step, turns, "
+                     f"prompt_ids, completion_ids FROM rollouts WHERE run_id = "
+                     f"'{summary.run_id}' ORDER BY step").to_pylist()
+    assert sorted({r["step"] for r in rows}) == [0, 1]
+    for r in rows:
+        assert r["score_error"] is None and r["rewards"]
+        assert r["consumed_at_step"] == r["step"]
+        assert r["turns"][0]["token_ids"] == r["prompt_ids"]
+        assert [t for turn in r["turns"][1:] for t in turn["token_ids"]] == r["completion_ids"]
+    return rows
+
+
+@pytest.mark.parametrize("module", ["single", "multi", "tools"])
+def test_an_environment_trains_two_steps_on_hf(module: str, tmp_path: Any) -> None:
+    trained_two_steps(pipeline(module, POLICY, HF(device="cpu")), tmp_path)
