@@ -4,7 +4,9 @@ the ``openai`` client (what rLLM, verifiers, AReaL and Tinker offer their users)
 Routes, under each episode's base URL ``http://127.0.0.1:PORT/ep/<token>/v1``:
 
 - ``GET  /models``: the one model served (its name is any the client likes to pass);
-- ``POST /chat/completions``: non-streaming chat completions, with ``tools``.
+- ``POST /chat/completions``: non-streaming chat completions, with ``tools``;
+- ``POST /responses``: the Responses API, served by the same path
+  (:mod:`stages.generate._openai_responses`).
 
 A request waits on the turn-wave queue (:mod:`stages.generate._waves`); on the stage's
 thread, its messages become token ids through the episode's record
@@ -43,6 +45,7 @@ from gfcr.core.engine import GenOutput
 from stages.generate._episodes import Episode
 from stages.generate._http import MAX_BODY, ApiError, BoundedServer
 from stages.generate._limits import text_chars
+from stages.generate._openai_responses import responses
 from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves
 
@@ -115,10 +118,13 @@ class AgentServer:
 
     def _route(self, method: str, path: str, body: Any) -> dict[str, Any]:
         token, route = _split(path)
+        if method == "POST" and route == "/responses":
+            return responses(lambda chat: self.chat(self.episode(token), chat), body)
         want = "/models" if method == "GET" else "/chat/completions"
         if route != want:
             raise ApiError(404, f"no route {method} {route[:80]!r}; gfcr serves GET "
-                                "/v1/models and POST /v1/chat/completions", "not_found")
+                                "/v1/models, POST /v1/chat/completions and POST "
+                                "/v1/responses", "not_found")
         episode = self.episode(token)
         return self.models() if method == "GET" else self.chat(episode, body)
 
