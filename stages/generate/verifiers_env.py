@@ -42,6 +42,7 @@ class VerifiersEnv(AgentEnv):
 
     type: Literal["verifiers"] = "verifiers"  # type: ignore[assignment]
     agent: str = AGENT
+    """Fixed: the episodes are the environment's (``module``), not a user's function."""
     module: str
     """The environment: an installed taskset package or a module on the path."""
     args: dict[str, Any] = Field(default_factory=dict)

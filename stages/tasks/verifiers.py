@@ -39,7 +39,9 @@ class VerifiersTask(Spec):
     args: dict[str, Any] = Field(default_factory=dict)
     """Its arguments, as ``VerifiersEnv.args``."""
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """The share of the environment's tasks held out (at least one, never all)."""
     seed: int = Field(0, ge=0)
+    """Seeds the shuffle that draws the held-out tasks."""
 
     _splits: tuple[pa.Table, pa.Table] | None = PrivateAttr(default=None)
     _tasks: dict[int, Any] = PrivateAttr(default_factory=dict)
