@@ -154,6 +154,15 @@ def test_the_environments_tasks_are_the_prompts_and_a_held_out_split() -> None:
     assert held[0]["prompt"].startswith("Say the digit") and held[0]["answer"] is not None
 
 
+def test_a_module_whose_load_environment_returns_an_env_is_loaded_with_its_args() -> None:
+    task = VerifiersTask(module=ENVS + "loader", args={"num_tasks": 5})
+    assert task.prompt_counts() == {"train": 4, "heldout": 1}
+    stage = VerifiersEnv(module=ENVS + "loader", args={"num_tasks": 5}, max_turns=2)
+    (seat,) = [stage._env.config.agent]
+    assert (seat.harness.id, seat.runtime.type, seat.max_turns) == (
+        "gfcr_chat", "subprocess", 2)
+
+
 def test_a_row_of_another_task_becomes_the_environments_task(episodes: list[Any]) -> None:
     from tests.resources.agents import plan
 
