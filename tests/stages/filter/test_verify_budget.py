@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gfcr.core.rollout import col
-from gfcr.runner.helper import call_with_timeout
+from gfcr.procs.helper import call_with_timeout
 from stages import Verify
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
 from tests.conftest import tiny_pipeline
