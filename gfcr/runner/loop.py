@@ -35,7 +35,7 @@ import pyarrow as pa
 from gfcr.core.problems import tally
 from gfcr.core.rollout import col, scorer_failed
 from gfcr.core.stage import AUGMENT, TRAIN, Augment, StepContext
-from gfcr.runner.filters import set_column
+from gfcr.core.filters import set_column
 from gfcr.procs.helper import charging
 from gfcr.runner.metrics import rollout_metrics
 from gfcr.runner.rewards import bounded
