@@ -12,12 +12,15 @@ renewer). It works on file descriptors, so a socket and a pipe are read alike.
 - **Failures are named:** :class:`PeerGone` (the other end closed, or ``alive()`` says its
   process ended), :class:`TooLarge` (a frame over the reader's cap), :class:`Refused` (a
   peer that did not prove the key), ``TimeoutError``.
-- **Authentication** (a socket between processes that share a key): the accepting side
-  sends a nonce, the connecting side answers with ``HMAC-SHA256(key, "join" + nonce +
-  hello + its own nonce)``, its hello and its nonce, and the accepting side proves itself
-  back with ``HMAC-SHA256(key, "host" + that nonce)``. Neither side reads a frame, let
-  alone unpickles one, from a peer that has not proved the key; the key itself never
-  crosses the wire. An inherited pipe needs none: only the two processes hold it.
+- **Authentication** is HMAC-SHA256 under a shared key (:func:`sign`, :func:`signed`): a
+  score pool's calls, which travel through Prefect, are signed whole
+  (gfcr.transport.remote.keys). On a socket between processes that share a key, the
+  accepting side sends a nonce, the connecting side answers with ``HMAC(key, "join" +
+  nonce + hello + its own nonce)``, its hello and its nonce, and the accepting side
+  proves itself back with ``HMAC(key, "host" + that nonce)``. Neither side reads a
+  frame, let alone unpickles one, from a peer that has not proved the key; the key
+  itself never crosses the wire. An inherited pipe needs none: only the two processes
+  hold it.
 
 >>> import os
 >>> r, w = os.pipe()
@@ -166,6 +169,16 @@ def join(address: tuple[str, int], key: bytes, hello: bytes,
         raise
     conn.settimeout(None)
     return conn
+
+
+def sign(key: bytes, message: bytes) -> str:
+    """``message``'s HMAC-SHA256 under ``key``, in hex."""
+    return _mac(key, message).hex()
+
+
+def signed(key: bytes, message: bytes, mac: str) -> bool:
+    """Whether ``mac`` is :func:`sign` of ``message`` under ``key`` (constant time)."""
+    return hmac.compare_digest(sign(key, message), mac)
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
