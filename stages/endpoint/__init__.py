@@ -1,6 +1,7 @@
-"""The agent endpoint: an OpenAI-compatible chat completions server on 127.0.0.1 that an
-agent (a user's program, stages.generate.agent) talks to while the run serves it the
-policy: the HTTP server with its bounds (``_http``, ``_limits``), the routes
-(``openai_api``), the chat rendering of OpenAI messages (``_openai_chat``) and the tool
-calls parsed from completions (``_toolcalls``). A subsystem, not an operator: the
-generate stages use it."""
+"""The agent endpoint's wire: what an OpenAI-compatible chat completions server needs,
+apart from the episodes it serves. The bounded HTTP server (``_http``, with the size and
+depth limits of ``_limits``), the chat rendering of OpenAI messages (``_openai_chat``)
+and the tool calls parsed from completions (``_toolcalls``). A subsystem, not an
+operator: the server itself (stages.generate.openai_api, whose requests join the turn
+waves of the generate stage's episodes) and the Agent stage (stages.generate.agent) use
+it."""
