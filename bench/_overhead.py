@@ -18,7 +18,7 @@ baseline run, whose own step-to-step variation (a bare step's median moved by 20
 between runs here) swamped a 5% difference. Two clocks: ``wall`` (the step's time, what
 a user waits: background work on a spare core costs it nothing) and ``process`` (CPU
 seconds of this process, all threads: work moved to a background thread counts in full;
-a stage's CPU is its thread's plus its helpers' (gfcr.runner.helper); torch runs one thread).
+a stage's CPU is its thread's plus its helpers' (gfcr.procs.helper); torch runs one thread).
 
 What the stage clock cannot see is the runtime slowing the stages down (the GIL, caches).
 A *bare* run of the same steps (the loop called in-process: no Prefect, store or MLflow)
@@ -58,7 +58,7 @@ def _stat(path: Path) -> tuple[int, float]:
 
 STEP_THREADS = "step thread and its helpers"
 """The main thread, which runs the loop and the stages, and the helper threads stages
-hand calls to (gfcr.runner.helper), whose CPU the stage clock charges to the stage."""
+hand calls to (gfcr.procs.helper), whose CPU the stage clock charges to the stage."""
 
 
 def thread_cpu() -> dict[str, float]:

@@ -108,7 +108,7 @@ def a2() -> dict[str, Any]:
 def _server() -> Any:
     from gfcr.core.chat import chat_format
     from stages.generate._episodes import Episode
-    from stages.generate._openai_chat import OpenAIChat
+    from stages.endpoint._openai_chat import OpenAIChat
     from stages.generate._waves import Waves
     from stages.generate.openai_api import AgentServer
 

@@ -6,7 +6,7 @@ returns is the reward, so there is no Verify stage.
 The tiny policy reads the plain chat format (gfcr.core.chat): the first turn is the question
 text as single-turn pipelines show it, after the tools the agent declares (the warm start
 is the default's, on a policy with a longer context); the policy's tool calls, if any, are
-``<tool_call>`` blocks (stages.generate._toolcalls). Run it from the repository root,
+``<tool_call>`` blocks (stages.endpoint._toolcalls). Run it from the repository root,
 where the agent's module is found (``gfcr run agent``). The held-out evaluation is the
 default's (greedy single-turn answers, the task's scorer), not the agent's episodes.
 """

@@ -21,7 +21,7 @@ from stages.filter.gigpo import GiGPO
 from stages.filter.igpo import IGPO
 from stages.filter.overlong import Overlong
 from stages.filter.roc import ResampleOnCorrect
-from stages.filter.sandbox import Sandbox
+from stages.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
 from stages.generate.agent import AgentEnv

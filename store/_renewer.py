@@ -4,7 +4,7 @@ A run renews its lease every fifth of its time to live. A thread of the run's pr
 cannot promise that: a scorer, a tokenizer or a user's stage computing in C without
 letting go of the GIL stops every thread, and a lease that lapses under a live run lets a
 ``--resume`` take it over while the first run still writes. So the renewing is done by a
-small child process (:mod:`gfcr.runner.childproc`: it imports only the lease database, and ends
+small child process (:mod:`gfcr.procs.childproc`: it imports only the lease database, and ends
 with the run's process), which shares nothing with the run but the database:
 
 - it renews on its own clock, and reports each renewal (``renewed``) to the run, which
@@ -23,7 +23,7 @@ import select
 import time
 from typing import Any
 
-from gfcr.runner import childproc
+from gfcr.procs import childproc
 
 from ._lease_db import open_db
 

@@ -2,7 +2,10 @@
 
 Usage: ``python tools/imports.py [--modules] [--strict]``. Every import counts:
 top-level ones, lazy ones inside functions, and those under ``TYPE_CHECKING``, since each
-is a dependency a reader has to follow. The graph is printed between packages (each
+is a dependency a reader has to follow. So does a string that names a module of the
+project (``"stages.train.fsdp_rank"``, ``"pkg.module.Class"``, ``"pkg.module:function"``):
+a module run by name (``python -m``) or imported by another program (vLLM's
+``--worker-extension-cls``) is a dependency the import statements do not show. The graph is printed between packages (each
 ``gfcr.<subpackage>`` or top-level module of gfcr, ``store``, each ``stages.<kind>`` and
 the shared ``stages.<module>``), or between modules with ``--modules``. Cycles are
 searched among modules (Tarjan's strongly connected components) and among packages, and
@@ -13,12 +16,14 @@ with ``--strict`` on a package cycle too. CI runs it (.ci/run).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gfcr", "store", "stages")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
 
 
 def module_name(path: Path) -> str:
@@ -42,6 +47,8 @@ def imports(path: Path, modules: set[str]) -> set[str]:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            targets = named_module(node.value, modules)
         else:
             continue
         for target in targets:
@@ -50,6 +57,19 @@ def imports(path: Path, modules: set[str]) -> set[str]:
             if target and target != name:
                 out.add(target)
     return out
+
+
+def named_module(text: str, modules: set[str]) -> list[str]:
+    """The project module a string names, whole: ``"a.b"`` (a module), ``"a.b.Name"``
+    or ``"a.b:name"`` (a module's attribute; not of a top-level package, so the entry
+    point group ``"gfcr.store"`` is no edge); [] for anything else (prose, a path)."""
+    if not _DOTTED.fullmatch(text):
+        return []
+    module = text.partition(":")[0]
+    if module in modules:
+        return [module]
+    parent = module.rpartition(".")[0]
+    return [parent] if parent in modules and "." in parent and ":" not in text else []
 
 
 def graph() -> dict[str, set[str]]:

@@ -160,7 +160,7 @@ class TeacherForcing(Protocol):
 class ContextLength(Protocol):
     """Optional on an engine: the most tokens one sequence (prompt and completion) may
     hold, the policy's positions (None: not known). The agent endpoint refuses a longer
-    conversation before rendering it (stages.generate._limits)."""
+    conversation before rendering it (stages.endpoint._limits)."""
 
     def context_length(self) -> int | None: ...
 

@@ -1,7 +1,7 @@
 """Running model-written code, for any stage: the sandbox reached through gfcr.
 
 The sandbox (bubblewrap namespaces, a memory cgroup, rlimits) lives with the code
-verifiers in ``stages.filter.sandbox``, which provides itself here when it is imported
+verifiers in ``stages.sandbox``, which provides itself here when it is imported
 (``import stages`` does). An environment's tool (``stages.envs``) runs code through
 :func:`run_code`, so it needs no other kind's folder, and every caller gets the same
 confinement and the same verdicts.
@@ -53,6 +53,6 @@ def run_code(source: str, *, isolation: Isolation = "namespaces", cpu_seconds: i
     it cannot isolate (it names the opt-in)."""
     if not _RUNNERS:
         raise RuntimeError("no code sandbox is provided: import stages (its "
-                           "stages.filter.sandbox provides one)")
+                           "stages.sandbox provides one)")
     return _RUNNERS[0](source, isolation=isolation, cpu_seconds=cpu_seconds,
                        wall_seconds=wall_seconds, memory_mb=memory_mb, file_mb=file_mb)

@@ -184,7 +184,7 @@ class AdapterLearner(Protocol):
 @runtime_checkable
 class Scorer(Protocol):
     """Runs a filter stage over complete rollouts: its result with drops marked
-    (gfcr.runner.filters.applied). Scoring environments plug in here."""
+    (gfcr.core.filters.applied). Scoring environments plug in here."""
 
     def score(self, ctx: StepContext, stage: Filter, rows: pa.Table) -> pa.Table: ...
 

@@ -25,7 +25,7 @@ from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment
 from gfcr.core.stage import TrainResult
 from gfcr.core.settings import Sampled
 from gfcr.runner.evaluation import evaluate
-from gfcr.runner.filters import applied
+from gfcr.core.filters import applied
 from gfcr.runner.serial import SerialCalls
 
 

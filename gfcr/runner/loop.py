@@ -35,8 +35,8 @@ import pyarrow as pa
 from gfcr.core.problems import tally
 from gfcr.core.rollout import col, scorer_failed
 from gfcr.core.stage import AUGMENT, TRAIN, Augment, StepContext
-from gfcr.runner.filters import set_column
-from gfcr.runner.helper import charging
+from gfcr.core.filters import set_column
+from gfcr.procs.helper import charging
 from gfcr.runner.metrics import rollout_metrics
 from gfcr.runner.rewards import bounded
 from gfcr.runner.rounds import first_round, key, name, next_round, shortfall, staleness
@@ -62,7 +62,7 @@ class StageClock:
     rounds. It times the stage's own work inside whatever the executor wraps around it
     (a Prefect task run, staging), so the step's time minus the stages' is the
     runtime's share (bench/_overhead.py). CPU is the calling thread's plus what helper
-    threads spent on the stage's calls (gfcr.runner.helper)."""
+    threads spent on the stage's calls (gfcr.procs.helper)."""
 
     def __init__(self) -> None:
         self.wall: dict[str, float] = {}

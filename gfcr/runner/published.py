@@ -2,7 +2,7 @@
 version folder under an allowed root, its manifest names plain files of its own folder,
 and each file's bytes match the SHA-256 the publisher wrote (gfcr.runner.weights).
 
-A fleet server (stages.engines.vllm_extension, behind gfcr.transport.fleet_gate) loads
+A fleet server (gfcr.transport.fleet_extension, behind gfcr.transport.fleet_gate) loads
 only what :func:`check` accepts, so a request naming another folder (``/etc``, another
 run's, a hand-made one), a manifest naming ``../x`` or ``/etc/passwd``, a symlink out of
 the folder, or a file changed after publication is refused before anything is read into

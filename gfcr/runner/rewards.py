@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from gfcr.core.rollout import col
 from gfcr.core.settings import RewardRange
-from gfcr.runner.filters import drop, set_column
+from gfcr.core.filters import drop, set_column
 
 LABEL = "reward_range"
 """``dropped_by`` of rows dropped for a reward out of range, and the metric's stem."""

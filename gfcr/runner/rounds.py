@@ -30,7 +30,7 @@ from gfcr.core.rollout import PROMPT_SCHEMA, col, conform
 from gfcr.core.services import Done, Pending
 from gfcr.core.stage import (ALLOCATE, FILTER, GENERATE, ON_SEGMENT, REFILL, SELECT, Allocate,
                              Filter, Generate, Select, Stage, StepContext)
-from gfcr.runner.filters import drop, merge_back
+from gfcr.core.filters import drop, merge_back
 from gfcr.runner.runtime import Call, Planned, Runtime, TableRef, context
 
 

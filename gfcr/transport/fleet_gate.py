@@ -13,7 +13,7 @@ obeys only the run that holds the fleet's key.
   anything else is 403 (the server runs without vLLM's development routes, so
   ``/collective_rpc``, ``/update_weight_version``, ``/pause``, ``/sleep`` do not exist);
 - ``POST /gfcr/load {"folder": F}`` has every worker load the published version in F
-  (gfcr's worker extension, which checks it first, stages.engines.vllm_extension), then
+  (gfcr's worker extension, which checks it first, gfcr.transport.fleet_extension), then
   labels the weights ``"<version>:<publication id>"`` from F's manifest and drops the
   prefix cache. The label is set here and nowhere else, so the per-token version check
   of the run (stages.engines.fleet) names what was loaded. A refused load is a 400 with

@@ -8,7 +8,7 @@ OpenAI-compatible server, started with what a fleet needs of it:
   tokenizer, as with the in-process engine);
 - ``--logprobs-mode processed_logprobs``: ``log_softmax(logits / T)``, gfcr's logprob
   convention (gfcr.core.engine);
-- ``--worker-extension-cls stages.engines.vllm_extension.WeightsByVersion``: gfcr's
+- ``--worker-extension-cls gfcr.transport.fleet_extension.WeightsByVersion``: gfcr's
   weight loading by version, which checks a version before it touches the model;
 - ``--middleware gfcr.transport.fleet_gate.FleetGate``: every route but ``/health``
   needs the fleet's key, only the routes a fleet uses answer, and gfcr's ``/gfcr/load``
@@ -39,10 +39,12 @@ from typing import Any, Sequence
 
 from prefect import flow
 
+from gfcr.transport import fleet_extension, fleet_gate
 from gfcr.transport.fleet_gate import KEY_ENV, ROOT_ENV, fleet_key
 
-EXTENSION = "stages.engines.vllm_extension.WeightsByVersion"
-GATE = "gfcr.transport.fleet_gate.FleetGate"
+EXTENSION = f"{fleet_extension.__name__}.{fleet_extension.WeightsByVersion.__name__}"
+"""vLLM imports the worker extension by this name: gfcr's own module, beside this one."""
+GATE = f"{fleet_gate.__name__}.{fleet_gate.FleetGate.__name__}"
 WEIGHTS_ROOT = ".gfcr/weights"
 
 

@@ -2,12 +2,15 @@
 FSDP2, in a process group started beside the flow process.
 
 ``Pipeline(learner=LearnerPlacement(ranks=N))`` puts it in place of the in-process
-learner (gfcr.launch.placement). The run starts N processes of ``python -m
-stages.train.fsdp_rank`` (gloo on CPU, NCCL on GPUs; gfcr.transport.sharded_ranks: they
-meet in a file store, nothing of theirs listens beyond loopback); each rank
-connects back to this process over a local socket, authenticated by a key in its
-environment, and this process sends every command to every rank, so no rank idles in a
-collective while the loop generates. Replies come back on the same sockets.
+learner (gfcr.launch.placement). The run starts N processes of gfcr's rank program
+(gfcr.transport.sharded_rank, started by gfcr.transport.sharded_ranks: gloo on CPU, NCCL
+on GPUs; they meet in a file store, nothing of theirs listens beyond loopback), which
+builds each rank's shard through the train stage (gfcr.core.sharding.ShardedTrainer:
+stages.train's FSDP2). Each rank joins this process over a local socket
+(gfcr.procs.wire: both sides prove the run's key before a frame is read), and this
+process sends every command to every rank, so no rank idles in a collective while the
+loop generates. Replies come back on the same sockets, as pickles read only from the
+ranks that proved the key.
 
 What moves:
 
@@ -33,7 +36,6 @@ import pickle
 import select
 import shutil
 import socket
-import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,75 +44,29 @@ from typing import Any
 import pyarrow as pa
 
 from gfcr.core.services import WeightHandle
+from gfcr.core.sharding import ShardedTrainer, ShardSetup
 from gfcr.core.stage import StepContext, TrainResult
+from gfcr.procs import wire
 from gfcr.runner.weights import WEIGHTS, WeightStore
 from gfcr.transport import sharded_ranks
-from gfcr.transport.sharded_ranks import ADDRESS, KEY, StartFailed
+from gfcr.transport.sharded_ranks import StartFailed
 
-__all__ = ["ADDRESS", "KEY", "ShardedLearner", "ShardedLearnerError", "Setup"]
+__all__ = ["ShardedLearner", "ShardedLearnerError", "Setup"]
 DCP = "learner.dcp"
 """The ranks' sharded checkpoint, beside the checkpoint's weights file."""
-_HEADER = struct.Struct("!Q")
 
 
 class ShardedLearnerError(RuntimeError):
     """A rank failed or died, or the group did not answer in time; names the rank."""
 
 
-class FlowGone(ConnectionError):
-    """The flow process closed the connection (a rank then just exits)."""
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What every rank needs to build its shard of the learner (pickled to it)."""
-
-    policy: Any
-    """The pipeline's policy component: each rank builds the same initial weights."""
-    stage: Any
-    """The train stage, whose ``learner(policy, seed=)`` the ranks drive."""
-    seed: int
-    run_id: str
-    weights: str
-    """The folder the ranks publish weight versions in (gfcr.runner.weights)."""
-    keep: int
-    device: str
-    offload: bool
-    timeout_s: float
-
-
-# --------------------------------------------------------------------------- wire
+Setup = ShardSetup
+"""What every rank needs (gfcr.core.sharding.ShardSetup), by the name placement uses."""
 
 
 def send(conn: socket.socket, value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    conn.sendall(_HEADER.pack(len(data)) + data)
-
-
-def receive(conn: socket.socket) -> Any:
-    """The next message; FlowGone when the other end closed."""
-    (size,) = _HEADER.unpack(_exactly(conn, _HEADER.size))
-    return pickle.loads(_exactly(conn, size))
-
-
-def _exactly(conn: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = conn.recv(min(left, 1 << 20))
-        if not chunk:
-            raise FlowGone("the connection closed")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def connect(rank: int) -> socket.socket:
-    """A rank's connection to the flow process, introduced by the key and its rank
-    (raw bytes: the flow process unpickles nothing from an unknown peer)."""
-    host, port = os.environ[ADDRESS].rsplit(":", 1)
-    conn = socket.create_connection((host, int(port)))
-    conn.sendall(bytes.fromhex(os.environ[KEY]) + struct.pack("!I", rank))
-    return conn
+    """One command to a rank (that proved the key)."""
+    wire.write_frame(conn.fileno(), pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 # --------------------------------------------------------------------------- handles
@@ -148,7 +104,11 @@ class ShardedLearner:
     ``policy`` is the flow process's own (the engine's): warm starts train it, and
     :meth:`publish` sends its weights to the ranks."""
 
-    def __init__(self, setup: Setup, ranks: int, policy: Any, where: Path) -> None:
+    def __init__(self, setup: ShardSetup, ranks: int, policy: Any, where: Path) -> None:
+        if not isinstance(setup.stage, ShardedTrainer):
+            raise ShardedLearnerError(
+                f"train stage {type(setup.stage).__name__}: its learner cannot be sharded "
+                "(the stage has no rank_worker); run it in this process (learner.ranks=0)")
         self.setup, self.policy, self.where = setup, policy, Path(where)
         self.where.mkdir(parents=True, exist_ok=True)
         self.store = WeightStore(Path(setup.weights), policy.io, keep=setup.keep)
@@ -277,9 +237,10 @@ class ShardedLearner:
 
     def _answer(self, rank: int, conn: socket.socket) -> Any:
         try:
-            kind, value = receive(conn)
-        except (FlowGone, OSError):
-            self._fail(f"rank {rank} is gone (its connection closed)")
+            kind, value = pickle.loads(wire.read_frame(conn.fileno(),
+                                                       time.monotonic() + self.setup.timeout_s))
+        except (wire.PeerGone, TimeoutError, OSError):
+            self._fail(f"rank {rank} is gone (its connection closed mid-answer)")
         if kind == "error":
             last = str(value).strip().splitlines()[-1]
             self._fail(f"rank {rank} failed: {last}\n{value}")

@@ -1,5 +1,6 @@
-"""The sharded learner's processes (gfcr.transport.sharded): ``ranks`` copies of
-``stages.train.fsdp_rank`` started directly, and their authenticated connections back.
+"""The sharded learner's processes (gfcr.transport.sharded): ``ranks`` copies of gfcr's
+rank program (gfcr.transport.sharded_rank) started directly, and their authenticated
+connections back.
 
 Nothing of the group listens beyond this host (issue 30, drill T1): torchrun's
 rendezvous (its c10d ``TCPStore``) listened on every interface, whatever address it was
@@ -7,9 +8,11 @@ given, and took anyone's reads and writes. Instead the ranks meet in a
 ``torch.distributed.FileStore`` in a folder only this user can read (``GFCR_LEARNER_STORE``),
 and gloo's pairs and NCCL's bootstrap bind to the loopback interface
 (``GLOO_SOCKET_IFNAME=lo``, ``NCCL_SOCKET_IFNAME=lo``: one host; NCCL over a file store is
-not yet run on GPUs here). Each rank connects back to this process on 127.0.0.1 and proves
-itself with the key in its environment; a peer that sends nothing cannot hold the accept
-loop (drill T3): every connection's hello is read as it arrives, with its own deadline.
+not yet run on GPUs here). Each rank connects back to this process on 127.0.0.1 and
+answers a challenge with the key in its environment (gfcr.procs.wire: an HMAC, the key
+never crosses), and this process proves the key back; a peer that sends nothing cannot
+hold the accept loop (drill T3): every connection's answer is read as it arrives, with
+its own deadline.
 
 The ranks share one process group (the first rank's), so :meth:`Ranks.stop` ends them
 all; a rank that dies is named with its exit status (:meth:`Ranks.cause`).
@@ -30,10 +33,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ADDRESS, KEY, STORE = "GFCR_LEARNER_ADDRESS", "GFCR_LEARNER_KEY", "GFCR_LEARNER_STORE"
+from gfcr.procs import wire
+from gfcr.transport import sharded_rank
+from gfcr.transport.sharded_rank import ADDRESS, KEY, STORE
+
 HELLO_S = 10.0
-"""How long a connection may take to send its key and rank."""
-RANK_MODULE = "stages.train.fsdp_rank"
+"""How long a connection may take to answer the challenge with its proof and rank."""
+HELLO = struct.Struct("!I")
+"""A rank's hello: its rank."""
 
 
 class StartFailed(RuntimeError):
@@ -105,7 +112,7 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
         for rank in range(ranks):
             group = 0 if rank == 0 else procs[0].pid  # rank 0's group (not the terminal's)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", RANK_MODULE], stdout=out, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", sharded_rank.__name__], stdout=out, stderr=subprocess.STDOUT,
                 env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                 process_group=group))
     started = Ranks(procs, log, store)
@@ -120,11 +127,12 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
 
 def accept(server: socket.socket, ranks: Ranks, key: bytes,
            timeout_s: float) -> list[socket.socket]:
-    """Each rank's connection, by rank: every connection's key and rank are read as they
-    arrive (select), each within HELLO_S; a wrong key, a bad rank or silence closes it."""
-    size, want = len(key) + 4, len(ranks.procs)
+    """Each rank's connection, by rank: every connection is challenged as it arrives and
+    its answer read as it comes (select), each within HELLO_S; a wrong proof, a bad rank
+    or silence closes it (gfcr.procs.wire)."""
+    size, want = wire.answer_size(HELLO.size), len(ranks.procs)
     conns: dict[int, socket.socket] = {}
-    pending: dict[socket.socket, tuple[float, bytes]] = {}
+    pending: dict[socket.socket, tuple[float, bytes, bytes]] = {}
     deadline = time.monotonic() + timeout_s
     while len(conns) < want:
         now = time.monotonic()
@@ -134,7 +142,7 @@ def accept(server: socket.socket, ranks: Ranks, key: bytes,
             why = ranks.cause() or ("a rank exited" if ranks.exited()
                                     else f"not all connected in {timeout_s:g} s")
             raise StartFailed(f"{why} (ranks connected: {sorted(conns)})")
-        for conn, (since, _) in list(pending.items()):
+        for conn, (since, _, _) in list(pending.items()):
             if now - since > HELLO_S:
                 del pending[conn]
                 conn.close()
@@ -142,10 +150,15 @@ def accept(server: socket.socket, ranks: Ranks, key: bytes,
         for sock in ready:
             if sock is server:
                 conn, _ = server.accept()
+                try:
+                    nonce = wire.challenge(conn)
+                except OSError:
+                    conn.close()
+                    continue
                 conn.setblocking(False)
-                pending[conn] = (time.monotonic(), b"")
+                pending[conn] = (time.monotonic(), nonce, b"")
                 continue
-            since, got = pending.pop(sock)
+            since, nonce, got = pending.pop(sock)
             try:
                 chunk = sock.recv(size - len(got))
             except OSError:
@@ -153,18 +166,21 @@ def accept(server: socket.socket, ranks: Ranks, key: bytes,
             if not chunk:
                 sock.close()
             elif len(got + chunk) < size:
-                pending[sock] = (since, got + chunk)
+                pending[sock] = (since, nonce, got + chunk)
             else:
-                _admit(sock, got + chunk, key, want, conns)
+                _admit(sock, nonce, got + chunk, key, want, conns)
     return [conns[r] for r in range(want)]
 
 
-def _admit(conn: socket.socket, hello: bytes, key: bytes, ranks: int,
+def _admit(conn: socket.socket, nonce: bytes, answer: bytes, key: bytes, ranks: int,
            conns: dict[int, socket.socket]) -> None:
-    rank = struct.unpack("!I", hello[len(key):])[0]
-    if not secrets.compare_digest(hello[:len(key)], key) or not 0 <= rank < ranks \
-            or rank in conns:
+    conn.setblocking(True)
+    try:
+        (rank,) = HELLO.unpack(wire.admit(conn, key, nonce, answer))
+    except (wire.Refused, OSError):
         conn.close()  # not one of ours
         return
-    conn.setblocking(True)
+    if not 0 <= rank < ranks or rank in conns:
+        conn.close()
+        return
     conns[rank] = conn

@@ -6,7 +6,7 @@
 - ``POST /inference/v1/abort_requests``: abort requests by id (a request whose client
   disconnects is aborted by the server too);
 - ``POST /gfcr/load`` (gfcr's gate, gfcr.transport.fleet_gate): every worker loads a
-  published version (``stages.engines.vllm_extension``, which checks it first), then
+  published version (``gfcr.transport.fleet_extension``, which checks it first), then
   the server labels the weights from the version's manifest and drops its prefix cache;
   ``GET /gfcr/weights``: the label the engine holds.
 

@@ -67,7 +67,7 @@ class PythonTool(Spec):
     """The sandboxed Python tool's limits."""
 
     isolation: codebox.Isolation = "namespaces"
-    """``"unsafe"``: run without namespaces (explicit opt-in; see stages.filter.sandbox)."""
+    """``"unsafe"``: run without namespaces (explicit opt-in; see stages.sandbox)."""
     cpu_seconds: int = Field(2, ge=1)
     wall_seconds: float = Field(5.0, gt=0.0)
     memory_mb: int = Field(256, ge=64)

@@ -1,5 +1,5 @@
 """math-verify's comparison in a module of its own: a scorer worker process
-(:mod:`gfcr.runner.scorer_workers`) that scores math imports this and math-verify, nothing more."""
+(:mod:`gfcr.procs.scorer_workers`) that scores math imports this and math-verify, nothing more."""
 
 from __future__ import annotations
 

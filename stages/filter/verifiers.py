@@ -11,8 +11,8 @@ Verify stage records the error in ``score_error`` and the run goes on). Implemen
 - :class:`Match` — exact match of the stripped completion, or of the first group of a
   regular expression, against the reference answer.
 - :class:`CodeTests` — runs model-written code against the rollout's tests in
-  :mod:`stages.filter.sandbox` (the model's code never runs in this process) and takes
-  the verdict outside it (:mod:`stages.filter.harness`).
+  :mod:`stages.sandbox` (the model's code never runs in this process) and takes
+  the verdict outside it (:mod:`stages.sandbox.harness`).
 - :class:`Function` — any ``module:function`` taking ``(completion, answer, meta)``.
 
 Verify also accepts a string shorthand: ``"task"``, ``"math"``, ``"exact"``, ``"code"``,
@@ -31,8 +31,8 @@ from pydantic import Field, field_validator
 
 from gfcr.core.refs import resolve
 from gfcr.core.stage import Spec, StepContext
-from stages.filter.harness import passed, plan
-from stages.filter.sandbox import Sandbox, refusal, run_python, unavailable
+from stages.sandbox.harness import passed, plan
+from stages.sandbox import Sandbox, refusal, run_python, unavailable
 
 Scorer = Callable[[str, Any, Any], float]
 """``(completion, answer, meta) -> reward``; may raise."""
@@ -139,14 +139,14 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 class CodeTests(Spec):
     """Run the completion's code against the rollout's tests: the code in the sandbox,
-    the verdict outside it (:mod:`stages.filter.harness`).
+    the verdict outside it (:mod:`stages.sandbox.harness`).
 
     The code is the first fenced ```python block of the completion (else the whole
     completion); the tests are ``meta["tests"]`` (a string, or a list of statements such
     as ``assert f(2) == 4``) or, failing that, the reference answer; each assert is judged
     outside the program (top-level asserts, asserts in loops and branches over
     the test's own values, HumanEval's ``check(candidate)``, ``try`` blocks expecting an
-    exception; see :mod:`stages.filter.harness`, which refuses the forms it cannot
+    exception; see :mod:`stages.sandbox.harness`, which refuses the forms it cannot
     judge). Reward: 1.0 when every assert holds, else 0.0. A program that crashed, that
     the sandbox had to stop (time, memory, processes, network, files), that is larger
     than ``sandbox.file_mb`` or is not text (a lone surrogate) raises :class:`Wrong`

@@ -17,14 +17,14 @@ is recorded in ``score_error`` on that rollout, and the rollout is dropped
   failure, and counts for neither rule.
 
 Where a scorer runs (``worker``): a scorer that may run long (math, code, a user's
-``module:function``) is called in a worker process (:mod:`gfcr.runner.scorer_workers`). A call
+``module:function``) is called in a worker process (:mod:`gfcr.procs.scorer_workers`). A call
 past ``timeout`` has its worker killed and the next call gets a fresh one, so a completion
 that hangs the scorer costs one timeout and the other rollouts are still scored; a worker
 that dies (``os._exit``, a segfault, a signal) is that rollout's scorer failure, and
 nothing a scorer does can freeze or end the run. ``worker=False`` calls the scorer in the
 trainer's process instead (the default for the task's scorer and for match): faster, and
 sharing the run's state, but a call past ``timeout`` cannot be stopped; it holds its
-helper thread until it returns (:mod:`gfcr.runner.helper`), and the calls after it fail at once,
+helper thread until it returns (:mod:`gfcr.procs.helper`), and the calls after it fail at once,
 so a hanging scorer costs one timeout a step and one thread.
 
 Every row Verify scores gets :data:`SCORE_ISOLATION`. Verifiers are in
@@ -43,8 +43,8 @@ from pydantic import Field, field_validator, model_validator
 
 from gfcr.core.rollout import col
 from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
-from gfcr.runner import scorer_workers
-from gfcr.runner.helper import call_with_timeout, charge
+from gfcr.procs import scorer_workers
+from gfcr.procs.helper import call_with_timeout, charge
 from stages.filter._table import set_column
 from stages.filter.verifiers import (CodeTests, Function, MathAnswer, SandboxViolation, Scorer,
                                      Verifier, VerifierSpec, Wrong, from_shorthand)

@@ -5,7 +5,7 @@ request's messages with the assistant's reply appended, and the ids behind them 
 call's prompt ids, then the ids the engine generated). A later request whose messages
 extend a context (same tools, the context's messages first, the reply as it was returned)
 gets that context's ids as its prefix and only its new messages are rendered
-(:meth:`~stages.generate._openai_chat.OpenAIChat.extend`); generated text is never encoded
+(:meth:`~stages.endpoint._openai_chat.OpenAIChat.extend`); generated text is never encoded
 again. Any other request is rendered whole.
 
 **Trajectories.** After the episode, its calls become rows (:func:`trajectories`): a call
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfcr.core.engine import GenOutput
-from stages.generate._openai_chat import OpenAIChat, text_of
+from stages.endpoint._openai_chat import OpenAIChat, text_of
 
 
 @dataclass(frozen=True)

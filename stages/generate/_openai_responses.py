@@ -25,7 +25,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Callable
 
-from stages.generate._http import ApiError
+from stages.endpoint._http import ApiError
 
 ROLES = {"user", "system", "developer", "assistant"}
 

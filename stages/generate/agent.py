@@ -53,8 +53,8 @@ from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, 
 from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
-from stages.generate._limits import context_limit, max_token_chars
-from stages.generate._openai_chat import OpenAIChat
+from stages.endpoint._limits import context_limit, max_token_chars
+from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._policy import chat_tokenizer
 from stages.generate.group import GENERATED
 from stages.generate.openai_api import TOO_LONG, AgentServer

@@ -13,7 +13,7 @@ thread, its messages become token ids through the episode's record
 (:mod:`stages.generate._episodes`: the stored ids of a conversation it extends, and only
 its new messages rendered: :meth:`AgentServer.prepare`), each wave is generated in one
 engine call, and tool calls are read from the generated text
-(:mod:`stages.generate._toolcalls`: :meth:`AgentServer.finish`); the answer carries
+(:mod:`stages.endpoint._toolcalls`: :meth:`AgentServer.finish`); the answer carries
 ``usage``. An episode gets at most ``max_calls`` answers. Sampling is the stage's:
 ``temperature`` and ``top_p`` of a request are ignored, so the behaviour logprobs match
 what the trainer computes; its ``max_tokens`` (or ``max_completion_tokens``) and ``stop``
@@ -24,10 +24,10 @@ stage samples ``n`` episodes itself). Other fields (``tool_choice``, ``response_
 
 One request fails only itself: a conversation longer than the context (``context``
 tokens) is refused with a 400 ``context_length_exceeded`` before it is rendered, by its
-characters (:mod:`stages.generate._limits`), then by its rendered ids; one whose content
+characters (:mod:`stages.endpoint._limits`), then by its rendered ids; one whose content
 is not text, or that renders to nothing, is refused too; the stage's thread answers an
 engine's error to the request that caused it alone (:mod:`stages.generate.agent`).
-Connections are bounded, with read timeouts (:mod:`stages.generate._http`).
+Connections are bounded, with read timeouts (:mod:`stages.endpoint._http`).
 
 The server binds 127.0.0.1 on a free port, lives for one generate call, and knows only
 the episodes the stage opened: each episode's URL holds a random token, and a request
@@ -42,11 +42,11 @@ import time
 from typing import Any, Callable
 
 from gfcr.core.engine import GenOutput
+from stages.endpoint._http import MAX_BODY, ApiError, BoundedServer
+from stages.endpoint._limits import text_chars
+from stages.endpoint._toolcalls import declared_names, parse
 from stages.generate._episodes import Episode
-from stages.generate._http import MAX_BODY, ApiError, BoundedServer
-from stages.generate._limits import text_chars
 from stages.generate._openai_responses import responses
-from stages.generate._toolcalls import declared_names, parse
 from stages.generate._waves import Ask, Waves
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}

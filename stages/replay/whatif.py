@@ -9,7 +9,7 @@ offline re-scoring that no RL framework offers (../shared/notes/rl-frameworks.md
 write ``reward``, gates that return a keep mask) over the run's complete, original rows
 step by step, exactly as the loop runs filters: each filter sees the step's complete
 rows with the run's task and seed in its context and the run's history as of the
-previous step; a keep mask only drops rows still kept (``gfcr.runner.filters.drop``). With
+previous step; a keep mask only drops rows still kept (``gfcr.core.filters.drop``). With
 ``base="kept"`` the stages come after the run's own filters (rows the run dropped stay
 dropped); with ``base="all"`` every row starts kept and only these stages decide. The
 store is opened read-only by the caller and never written.
@@ -38,7 +38,7 @@ from gfcr.core.rollout import col
 from gfcr.core.row_filter import ASCENDING, RowFilter
 from gfcr.core.stage import FILTER, StageSpec, StepContext, lookup
 from gfcr.core.storage import History
-from gfcr.runner.filters import applied, set_column
+from gfcr.core.filters import applied, set_column
 from stages.replay import _reads
 
 Base = Literal["kept", "all"]

@@ -1,5 +1,5 @@
 """FSDP2 for the sharded learner's processes (gfcr.transport.sharded starts them;
-stages.train.fsdp_rank is their program).
+gfcr.transport.sharded_rank is their program, stages.train.fsdp_rank their shard).
 
 Each process holds a shard of every parameter, gradient and AdamW moment:
 ``fully_shard`` (torch.distributed.fsdp, "FSDP2": per-parameter sharding over DTensor,

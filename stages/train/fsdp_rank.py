@@ -1,55 +1,28 @@
-"""The program of one sharded-learner process: ``python -m stages.train.fsdp_rank``, N of
-them started by gfcr.transport.sharded_ranks (``RANK``, ``WORLD_SIZE`` and a file store
-in their environment: the group meets in the store, nothing of it listens beyond loopback).
+"""One rank of a sharded learner, on FSDP2: the :class:`gfcr.core.sharding.RankWorker`
+that :meth:`stages.train.grpo.GRPO.rank_worker` builds in each process that gfcr's rank
+program (gfcr.transport.sharded_rank) starts.
 
-Each rank connects to the flow process (the address and key in its environment), takes
-its setup (the policy component, the train stage, the seed), builds the policy, shards it
-(stages.train.fsdp) and builds the stage's learner over it. Then it serves commands:
-every rank receives each command from the flow process directly (so no rank waits in a
-collective between updates, however long generation takes), runs it in step with the
-others, and answers; rank 0's answer carries the value. A rank that fails answers with
-its traceback and exits; the flow process then stops the others: the learner is gone
-and the run fails, naming the rank.
+It joins the group (gloo on CPU, NCCL on GPUs) in the file store the program names,
+builds the policy, shards it (stages.train.fsdp) and builds the stage's learner over it,
+with the learner's collectives set to this group (stages.train.ranks). The program sends
+it the flow process's commands; every rank runs each in step with the others.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import torch
 import torch.distributed as dist
 
+from gfcr.core.sharding import RankPlace, ShardSetup
 from gfcr.core.stage import StepContext, TrainResult
-from gfcr.runner.weights import WeightStore
-from gfcr.transport import sharded, sharded_ranks
-from stages.engines.torch_io import TORCH_IO
 from stages.train import fsdp
 from stages.train.ranks import Shardable
-
-
-class _NoTask:
-    """The task of a rank's step context: a learner trains on the batch it is given,
-    and never reads the task, which stays in the flow process."""
-
-    def train_prompts(self) -> pa.Table:
-        raise TypeError("a sharded learner's rank has no task")
-
-    def heldout_prompts(self) -> pa.Table:
-        raise TypeError("a sharded learner's rank has no task")
-
-    def score(self, completion: str, answer: str | None, meta: str | None) -> float:
-        raise TypeError("a sharded learner's rank has no task")
-
-
-_NO_TASK = _NoTask()
 
 
 @dataclass(frozen=True)
@@ -65,14 +38,17 @@ class _Gathered:
 
 
 class Rank:
-    """One process's policy shard and learner, and the commands the flow process sends."""
+    """One process's policy shard and learner (gfcr.core.sharding.RankWorker)."""
 
-    def __init__(self, setup: sharded.Setup, device: torch.device) -> None:
-        self.setup, self.device = setup, device
-        self.rank = dist.get_rank()
-        self.store = WeightStore(Path(setup.weights), TORCH_IO, keep=setup.keep)
+    def __init__(self, stage: Any, setup: ShardSetup, place: RankPlace) -> None:
+        self.setup, self.rank = setup, place.rank
+        self.device = _device(setup.device, place.local_rank)
+        store = dist.FileStore(place.store, place.world)  # nothing listens
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                store=store, rank=place.rank, world_size=place.world,
+                                timeout=timedelta(seconds=setup.timeout_s))
         self.component = setup.policy
-        self.restart(setup.stage)
+        self.restart(stage)
 
     def restart(self, stage: Any, component: Any = None) -> None:
         """A fresh policy (the component's initial weights; another ``component``'s when
@@ -92,9 +68,7 @@ class Rank:
         learner.device = self.device
         self.policy, self.learner = policy, learner
 
-    def update(self, step: int, version: int, batch: pa.Table, new: int) -> TrainResult:
-        ctx = StepContext(run_id=self.setup.run_id, step=step, seed=self.setup.seed,
-                          policy_version=version, task=_NO_TASK)
+    def update(self, ctx: StepContext, batch: pa.Table) -> TrainResult:
         result = self.learner.update(ctx, batch)
         peaks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, (result.metrics.get("peak_memory_mb", 0.0),
@@ -104,26 +78,25 @@ class Rank:
             result.metrics[f"peak_memory_mb/rank{r}"] = float(peak)
             result.metrics[f"state_mb/rank{r}"] = float(state)
         result.metrics["peak_memory_mb"] = max(float(peak) for peak, _ in peaks)
-        self.publish(new)
         return result
 
-    def publish(self, version: int) -> None:
-        """Gather the weights to rank 0, which writes them as ``version``."""
+    def gathered(self) -> _Gathered | None:
+        """The weights gathered to rank 0, one name per tied tensor (as safetensors'
+        readers expect); None on the other ranks."""
         state = fsdp.full_state(self.policy.model)
-        if self.rank == 0:  # one name per tied tensor, as safetensors' readers expect
-            names = _names(self.policy.model)
-            self.store.publish(_Gathered({k: v for k, v in state.items() if k in names}),
-                               version, self.setup.run_id)
+        if self.rank != 0:
+            return None
+        names = _names(self.policy.model)
+        return _Gathered({k: v for k, v in state.items() if k in names})
 
-    def load(self, path: str, version: int) -> None:
-        """Load a full weights file (rank 0 reads it) and publish it as ``version``."""
+    def load(self, path: str) -> None:
+        """Load a full weights file (rank 0 reads it)."""
         state: dict[str, Any] = {}
         if self.rank == 0:
             from safetensors.torch import load_file
 
             state = _all_names(self.policy.model, load_file(path), path)
         fsdp.load_full(self.policy.model, state)
-        self.publish(version)
 
     def save(self, path: str) -> dict[str, Any]:
         """A sharded checkpoint of the learner in the DCP folder ``path``; what else the
@@ -143,6 +116,9 @@ class Rank:
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
                  temperature: float) -> list[list[float]]:
         return list(self.learner.logprobs(prompts, completions, temperature))
+
+    def close(self) -> None:
+        dist.destroy_process_group()
 
 
 def _names(model: torch.nn.Module) -> set[str]:
@@ -176,46 +152,3 @@ def _device(kind: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def serve(conn: socket.socket, rank: int) -> None:
-    """Set up, then run commands until told to stop (or the flow process is gone)."""
-    setup = sharded.receive(conn)
-    if not isinstance(setup, sharded.Setup):
-        raise TypeError(f"rank {rank}: the first message is {type(setup).__name__}, "
-                        "not the learner's setup")
-    device = _device(setup.device, int(os.environ.get("LOCAL_RANK", "0")))
-    world = int(os.environ["WORLD_SIZE"])
-    store = dist.FileStore(os.environ[sharded_ranks.STORE], world)  # nothing listens
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
-                            rank=rank, world_size=world,
-                            timeout=timedelta(seconds=setup.timeout_s))
-    worker = Rank(setup, device)
-    worker.publish(0)
-    sharded.send(conn, ("ok", os.getpid()))
-    commands: dict[str, Callable[..., Any]] = {"update": worker.update, "load": worker.load, "save": worker.save,
-                "restore": worker.restore, "logprobs": worker.logprobs,
-                "restart": worker.restart, "publish": worker.publish}
-    while True:
-        name, args = sharded.receive(conn)
-        if name == "stop":
-            break
-        value = commands[name](*args)
-        sharded.send(conn, ("ok", value if rank == 0 else None))
-    dist.destroy_process_group()
-
-
-def main() -> None:
-    rank = int(os.environ["RANK"])
-    conn = sharded.connect(rank)
-    try:
-        serve(conn, rank)
-    except sharded.FlowGone:
-        sys.exit(0)  # the flow process ended: nothing to answer
-    except BaseException:
-        sharded.send(conn, ("error", traceback.format_exc()))
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

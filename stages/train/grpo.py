@@ -51,6 +51,7 @@ from pydantic import Field, field_validator, model_validator
 from gfcr.core.capabilities import SamplingTemperature
 from gfcr.core.engine import Policy
 from gfcr.core.rollout import col
+from gfcr.core.sharding import RankPlace, RankWorker, ShardSetup
 from gfcr.core.stage import StageSpec, register
 from stages.advantages import known_advantage
 from stages.train.forward import sequence_logprobs
@@ -188,6 +189,13 @@ class GRPO(StageSpec):
         lora = None if self.lora is None else LoraTraining(self.lora.peft_config(), policy,
                                                            seed=seed)
         return GRPOLearner(options, policy, seed=seed, lora=lora)
+
+    def rank_worker(self, setup: ShardSetup, place: RankPlace) -> RankWorker:
+        """This stage's learner on one rank of a sharded learner
+        (gfcr.core.sharding.ShardedTrainer): an FSDP2 shard, stages.train.fsdp_rank."""
+        from stages.train.fsdp_rank import Rank  # torch.distributed: on the ranks only
+
+        return Rank(self, setup, place)
 
 
 def _sampling_temperature(stage: StageSpec) -> float | None:

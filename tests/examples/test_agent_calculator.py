@@ -13,7 +13,7 @@ from gfcr.core.chat import chat_format
 from gfcr.core.engine import GenRequest, SamplingParams
 from stages import HF, TinyLlama
 from stages.generate._episodes import Episode
-from stages.generate._openai_chat import OpenAIChat
+from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer
 from tests.resources.agents import needs_openai

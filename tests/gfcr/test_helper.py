@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gfcr.runner.helper import call_with_timeout, charging
+from gfcr.procs.helper import call_with_timeout, charging
 
 
 def _thread_of_call() -> int:

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from stages.filter import _cgroup, _process
-from stages.filter.sandbox import Sandbox, run_python, unavailable
+from stages.sandbox import _cgroup, _process
+from stages.sandbox import Sandbox, run_python, unavailable
 
-FILTER = Path(_process.__file__).parent
+SANDBOX = Path(_process.__file__).parent
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 USERS = ["root", "nobody"]
 
@@ -37,7 +37,7 @@ _RUNNER = """\
 import json, sys
 from dataclasses import dataclass
 sys.path.insert(0, sys.argv[1])
-from stages.filter import _process
+from stages.sandbox import _process
 
 @dataclass(frozen=True)
 class Limits:
@@ -96,11 +96,11 @@ class User:
             self.python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
             require(self.python is not None, "no system python3 for nobody to run")
             self.copy = home / "sandbox"
-            for package in ("stages", "stages/filter"):
+            for package in ("stages", "stages/sandbox"):
                 (self.copy / package).mkdir(parents=True)
                 (self.copy / package / "__init__.py").write_text("")
             for name_ in ("_process.py", "_launch.py", "_seccomp.py", "_cgroup.py"):
-                shutil.copy(FILTER / name_, self.copy / "stages/filter" / name_)
+                shutil.copy(SANDBOX / name_, self.copy / "stages/sandbox" / name_)
             (self.copy / "runner.py").write_text(_RUNNER)
             for path in [self.copy, *self.copy.rglob("*")]:
                 path.chmod(0o755)

@@ -16,14 +16,14 @@ pool.key``: the file must hold at least 32 characters and be readable by its own
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import secrets
 import stat
 from pathlib import Path
 from typing import Any
+
+from gfcr.procs import wire
 
 KEY_ENV = "GFCR_POOL_KEY_FILE"
 MIN_CHARS = 32
@@ -85,12 +85,12 @@ def new_key(path: str | Path) -> Path:
 
 def sign(kind: str, call: Any, key: bytes) -> str:
     """The HMAC of ``call`` (a ScoreCall) as a ``kind`` call (gfcr.transport.remote.pool.KIND)."""
-    return hmac.new(key, canonical(kind, call), hashlib.sha256).hexdigest()
+    return wire.sign(key, canonical(kind, call))
 
 
 def signed_by(kind: str, call: Any, mac: str, key: bytes) -> bool:
     """Whether ``mac`` is ``call``'s HMAC under ``key`` (compared in constant time)."""
-    return hmac.compare_digest(sign(kind, call, key), mac)
+    return wire.signed(key, canonical(kind, call), mac)
 
 
 def canonical(kind: str, call: Any) -> bytes:

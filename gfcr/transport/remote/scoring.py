@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from gfcr.core.rollout import col
-from gfcr.runner.filters import applied
+from gfcr.core.filters import applied
 from gfcr.transport.remote.call import ScoreCall, code_hash, history_at, spec_hash, write_parquet
 from gfcr.transport.remote.pool import PoolCalls, WorkerPool
 from gfcr.transport.remote.worker import score_task

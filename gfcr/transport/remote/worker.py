@@ -117,12 +117,12 @@ def _sign(name: str) -> None:
 
 def run_score(call: ScoreCall) -> dict[str, Any]:
     """Run one scoring filter stage call: the stage's result on the call's rows, its drops
-    marked (gfcr.runner.filters.applied), written where the call says; what it reports (with the
+    marked (gfcr.core.filters.applied), written where the call says; what it reports (with the
     warnings the stage gave, which the run gives again on its side)."""
     import warnings
 
     from gfcr.core.stage import StepContext
-    from gfcr.runner.filters import applied
+    from gfcr.core.filters import applied
 
     started = time.perf_counter()
     _same_code(call.run_id, call.code_hash)

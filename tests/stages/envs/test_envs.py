@@ -11,7 +11,7 @@ from gfcr.core.rollout import EPISODE_END, col
 from stages.envs.feedback import Feedback
 from stages.envs.guess import GuessNumber
 from stages.envs.python_tool import INSTRUCTIONS
-from stages.filter.sandbox import unavailable
+from stages.sandbox import unavailable
 from stages.generate.episodes import Episodes
 from tests.resources.rollouts import context
 from tests.resources.sandbox_users import require

@@ -18,7 +18,7 @@ import pytest
 import stages  # noqa: F401 - provides the sandbox to gfcr.core.codebox
 from stages.envs.python_tool import PythonArithmetic
 from stages.envs.tools import parse_call
-from stages.filter.sandbox import unavailable
+from stages.sandbox import unavailable
 from tests.resources.sandbox_users import require
 from tests.stages.filter.test_hostile import _connect, _Listener, _pidfd_kill, _survivor
 

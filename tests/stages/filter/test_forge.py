@@ -3,7 +3,7 @@
 Each forge below scored 1.0 before, in every sandbox mode: the program's own process
 ran the tests and its exit status was the verdict. Now only the expressions enter the
 sandbox, their values come back as text, and the parent compares them with literals the
-program never saw (stages/filter/harness.py)."""
+program never saw (stages/sandbox/harness.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import json
 import pytest
 
 from stages import CodeTests, Sandbox
-from stages.filter.harness import passed, plan
-from stages.filter.sandbox import unavailable
+from stages.sandbox.harness import passed, plan
+from stages.sandbox import unavailable
 from tests.resources.rollouts import context
 from tests.resources.sandbox_users import require
 

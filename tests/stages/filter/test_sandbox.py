@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.filter.sandbox import Sandbox, SandboxUnavailable, run_python, unavailable
+from stages.sandbox import Sandbox, SandboxUnavailable, run_python, unavailable
 from stages import CodeTests, Verify
 from stages.filter.verifiers import UnsafeSandbox
 from tests.resources.rollouts import context, rollouts

@@ -5,7 +5,7 @@ that rollout's recorded failure.
 The attacks run in a child Python process: on code without the workers they freeze the
 interpreter (a computation that never lets go of the GIL) or end it with exit code 0,
 which inside pytest would hang the suite or end it looking green. The child imports only
-what Verify needs (``stages`` entered lazily, gfcr.runner.childproc), so each takes seconds.
+what Verify needs (``stages`` entered lazily, gfcr.procs.childproc), so each takes seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.resources.procs import running
 ROOT = Path(__file__).resolve().parents[3]
 _PRELUDE = """
 import json
-from gfcr.runner.childproc import lazy_package
+from gfcr.procs.childproc import lazy_package
 lazy_package("stages")
 from stages.filter.verify import Verify
 from tests.resources.rollouts import context, rollouts

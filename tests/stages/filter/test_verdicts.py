@@ -11,7 +11,7 @@ import pytest
 
 from gfcr.core.rollout import col
 from stages import CodeTests, Sandbox, Verify
-from stages.filter.sandbox import unavailable
+from stages.sandbox import unavailable
 from stages.filter.verifiers import Wrong
 from tests.resources.rollouts import context, rollouts
 from tests.resources.sandbox_users import require

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gfcr.core.rollout import col
-from gfcr.runner.helper import call_with_timeout
+from gfcr.procs.helper import call_with_timeout
 from stages import Verify
 from stages.filter.verify import SCORE_ISOLATION, ScorerFailed
 from tests.conftest import tiny_pipeline
@@ -102,7 +102,7 @@ def test_a_scorer_that_fails_on_every_rollout_ends_the_run(tmp_path):
 
 def test_a_program_the_sandbox_stops_is_a_verdict_not_a_scorer_failure():
     from stages import CodeTests, Sandbox
-    from stages.filter.sandbox import unavailable
+    from stages.sandbox import unavailable
     from tests.resources.sandbox_users import require
 
     require(unavailable() is None, f"namespaces unavailable: {unavailable()}")

@@ -14,7 +14,7 @@ from stages import HF, AgentEnv, TinyLlama
 from stages.generate.agent import AgentFailed
 from stages.generate._episodes import Episode
 from gfcr.core.chat import chat_format
-from stages.generate._openai_chat import OpenAIChat
+from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer
 from tests.resources import agents

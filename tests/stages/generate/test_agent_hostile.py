@@ -15,7 +15,7 @@ from gfcr.core.chat import chat_format
 from gfcr.core.rollout import conform
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate._episodes import Episode
-from stages.generate._openai_chat import OpenAIChat
+from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer
 from tests.resources import agents
@@ -170,7 +170,7 @@ def _closed(s: socket.socket) -> bool:
 
 def test_the_context_limit_is_the_smaller_of_the_configured_and_the_policy_s():
     from gfcr.core.capabilities import ContextLength
-    from stages.generate import _limits
+    from stages.endpoint import _limits
 
     engine = HF(device="cpu").build(POLICY.model_copy(update={"max_position": 96}).build(seed=0), seed=0)
     assert isinstance(engine, ContextLength) and engine.context_length() == 96

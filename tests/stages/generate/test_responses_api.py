@@ -12,8 +12,8 @@ from gfcr.core.chat import chat_format
 from gfcr.core.rollout import conform, loss_mask
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate._episodes import Episode
-from stages.generate._http import ApiError
-from stages.generate._openai_chat import OpenAIChat
+from stages.endpoint._http import ApiError
+from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._openai_responses import to_chat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer

@@ -165,12 +165,16 @@ def test_rendezvous_binds_loopback(sharded):
 
 def test_idle_connections_do_not_hold_the_accept_loop(tmp_path):
     """Drill T3: peers that connect and send nothing held the serial accept loop for 10 s
-    each, so 3 of them outlasted a start-up deadline; now every hello is read as it
-    comes, and the two ranks are admitted within a deadline shorter than one hello's."""
+    each, so 3 of them outlasted a start-up deadline; now every answer is read as it
+    comes, and the two ranks are admitted within a deadline shorter than one hello's. A
+    peer without the key is refused (its connection closed, nothing of it read on), and
+    a rank learns the host holds the key before it reads a frame."""
     import secrets
     import socket
     import struct
+    import threading
 
+    from gfcr.procs import wire
     from gfcr.transport import sharded_ranks
 
     class Alive:  # the ranks' processes, still running
@@ -182,14 +186,27 @@ def test_idle_connections_do_not_hold_the_accept_loop(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     key = secrets.token_bytes(16)
     idle = [socket.create_connection(server.getsockname()) for _ in range(4)]
-    ranks = []
-    for rank in (1, 0):
-        conn = socket.create_connection(server.getsockname())
-        conn.sendall(key + struct.pack("!I", rank))
-        ranks.append(conn)
+    joined: dict[str, object] = {}
+
+    def join(name: str, with_key: bytes, rank: int) -> None:
+        try:
+            joined[name] = wire.join(server.getsockname(), with_key, struct.pack("!I", rank))
+        except (wire.Refused, wire.PeerGone, OSError) as err:
+            joined[name] = err
+
+    threads = [threading.Thread(target=join, args=args) for args in
+               (("stranger", secrets.token_bytes(16), 0), ("r1", key, 1), ("r0", key, 0))]
+    for thread in threads:
+        thread.start()
     conns = sharded_ranks.accept(server, Alive(), key, timeout_s=sharded_ranks.HELLO_S - 4)
+    for thread in threads:
+        thread.join()
     assert len(conns) == 2
-    for conn in [*conns, *idle, *ranks, server]:
+    assert isinstance(joined["r0"], socket.socket) and isinstance(joined["r1"], socket.socket)
+    assert isinstance(joined["stranger"], (wire.PeerGone, OSError))  # closed on it
+    wire.write_frame(conns[1].fileno(), b"to rank 1")  # by rank: the right socket
+    assert wire.read_frame(joined["r1"].fileno(), cap=64) == b"to rank 1"
+    for conn in [*conns, *idle, joined["r0"], joined["r1"], server]:
         conn.close()
 
 

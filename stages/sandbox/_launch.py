@@ -1,6 +1,6 @@
 """Sandbox launcher: the first code to run inside a sandbox (standard library only).
 
-:mod:`stages.filter.sandbox` starts it as ``python -I -S _launch.py CONFIG``, inside the
+:mod:`stages.sandbox` starts it as ``python -I -S _launch.py CONFIG``, inside the
 bubblewrap namespaces (or, in the opted-in ``unsafe`` mode, in a throw-away directory).
 It sets the resource limits in its own single-threaded process, moves the result
 channel to fd 3, closes every other inherited descriptor, then ``execve``\\ s the

@@ -25,7 +25,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from stages.generate._limits import depth
+from stages.endpoint._limits import depth
 
 MAX_DEPTH = 64
 """Deepest nesting of lists and objects a request body may have."""

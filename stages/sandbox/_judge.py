@@ -5,7 +5,7 @@ the test's static values (or to values measured in the sandbox), arithmetic,
 comparisons, boolean logic, subscripts, comprehensions, and a fixed list of pure
 functions (``abs``, ``len``, ``sorted``, ``set``, ``math.isclose``, ``Fraction``, ...).
 It never calls anything a program made: every value it sees is either the test's own or
-one decoded by :mod:`stages.filter._values`. Sizes are bounded (a long repeat, a huge
+one decoded by :mod:`stages.sandbox._values`. Sizes are bounded (a long repeat, a huge
 power), so a value from the program cannot make the judgement itself run away.
 """
 

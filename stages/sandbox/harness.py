@@ -8,7 +8,7 @@ tests, walking them in the order they run:
 
 - *static* statements (``cases = [(1, 2), ...]``, ``import math``, a ``for`` over a
   static iterable, an ``if`` on a static condition) are evaluated by the harness's own
-  judge (:mod:`stages.filter._judge`); loops are unrolled, a check function
+  judge (:mod:`stages.sandbox._judge`); loops are unrolled, a check function
   (HumanEval's ``def check(candidate): ...`` then ``check(f)``) is inlined;
 - every ``assert`` (at the top, in such a loop, branch or check function) becomes a
   *check*: its expression is split into *probes*, the parts that need the program
@@ -16,7 +16,7 @@ tests, walking them in the order they run:
   they name passed in, and the rest (the comparison, ``abs``, ``math.isclose``, the
   expected values), which the judge evaluates outside on the probes' values;
 - the probes' values come back through the result channel (fd 3) in the tagged encoding
-  of :mod:`stages.filter._values`: data only, never the program's objects;
+  of :mod:`stages.sandbox._values`: data only, never the program's objects;
 - other statements (statements that call the program, its helper definitions) run in
   the sandbox in order, with the static values they use sent in.
 
@@ -37,8 +37,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stages.filter import _judge, _values
-from stages.filter._walk import Check, Planner
+from stages.sandbox import _judge, _values
+from stages.sandbox._walk import Check, Planner
 
 __all__ = ["Check", "Plan", "passed", "plan"]
 

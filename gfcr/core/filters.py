@@ -1,6 +1,7 @@
 """How the loop applies a filter's result to a rollout table: keep masks become
 ``kept``/``dropped_by``/``drop_reason`` (rows are never removed), and a filter's subset of
-rows is written back in place. The loop and the what-if replay share it."""
+rows is written back in place. The loop, the score pools and the what-if replay
+(stages.replay.whatif) share it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The process side of the sandbox (standard library only): start, confine, collect.
 
-:mod:`stages.filter.sandbox` documents what the sandbox guarantees; this module builds
+:mod:`stages.sandbox` documents what the sandbox guarantees; this module builds
 the bubblewrap command line (or, in the opted-in unsafe mode, a bare one), runs the
 launcher (``_launch.py``) and the program under it, and turns how the process ended
 into a verdict. It imports nothing outside the standard library, so that a test can run
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from stages.filter import _cgroup, _seccomp
+from stages.sandbox import _cgroup, _seccomp
 
 Isolation = Literal["namespaces", "unsafe"]
 
@@ -39,7 +39,7 @@ _BWRAP_EXIT = 128
 
 
 class Limits(Protocol):
-    """What a run needs to know of its sandbox (:class:`stages.filter.sandbox.Sandbox`)."""
+    """What a run needs to know of its sandbox (:class:`stages.sandbox.Sandbox`)."""
 
     @property
     def isolation(self) -> Isolation: ...

@@ -8,7 +8,7 @@ them with the policy's :class:`gfcr.core.chat.ChatFormat`: a whole conversation 
 (:meth:`OpenAIChat.render`), or the new messages after an assistant turn kept as
 generated (:meth:`OpenAIChat.extend`). An assistant message that is rendered from its
 text (a conversation the endpoint did not serve) has its tool calls written in the
-format the endpoint reads them in (:mod:`stages.generate._toolcalls`).
+format the endpoint reads them in (:mod:`stages.endpoint._toolcalls`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from gfcr.core.chat import ChatFormat
 from gfcr.core.environment import Message, Tool
-from stages.generate._toolcalls import block
+from stages.endpoint._toolcalls import block
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}

@@ -1,4 +1,4 @@
-"""The harness's walk over the tests (see :mod:`stages.filter.harness`): static statements
+"""The harness's walk over the tests (see :mod:`stages.sandbox.harness`): static statements
 evaluated, loops unrolled, check functions inlined, asserts split into probes.
 
 The walk keeps ``env``, the static values bound so far (the judge's to use, and sent
@@ -13,8 +13,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from stages.filter import _judge, _values
-from stages.filter._probes import (COMPREHENSIONS, Inline, bound_inside, free_names,
+from stages.sandbox import _judge, _values
+from stages.sandbox._probes import (COMPREHENSIONS, Inline, bound_inside, free_names,
                                    has_assert, outputs, probed, refuse)
 
 MAX_PROBES = 20_000

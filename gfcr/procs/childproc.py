@@ -15,9 +15,9 @@ started by :func:`spawn`. Such a child:
 - gets a session of its own, so a signal it sends to its process group (``os.killpg(0,
   ...)``) reaches only itself and its children, never the run.
 
-Frames are a 4-byte big-endian length and a body; the run reads its children's frames
-under a deadline (:func:`read_frame`), so a child that stops answering costs no more than
-the deadline.
+Run and child speak :mod:`gfcr.procs.wire` frames over the pipes; the run reads its
+children's frames under a deadline (``wire.read_frame``), so a child that stops answering
+costs no more than the deadline, and a child that ended is ``wire.PeerGone``.
 """
 
 from __future__ import annotations
@@ -25,21 +25,17 @@ from __future__ import annotations
 import json
 import os
 import queue
-import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any, Callable
 
+from gfcr.procs import wire
+
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from gfcr.runner.childproc import child_main; child_main()")
+         "from gfcr.procs.childproc import child_main; child_main()")
 _PR_SET_PDEATHSIG = 1
-
-
-class ChildGone(EOFError):
-    """The child process ended (its end of the pipe closed)."""
 
 
 # ------------------------------------------------------------------ the run's side
@@ -166,58 +162,6 @@ def how_it_ended(proc: "subprocess.Popen[bytes]") -> str:
     return f"exit code {code}"
 
 
-def write_frame(fd: int, body: bytes, deadline: float) -> None:
-    """Write one frame to the non-blocking ``fd`` by ``deadline`` (``time.monotonic``);
-    TimeoutError past it, ChildGone if the reader has gone."""
-    data = memoryview(len(body).to_bytes(4, "big") + body)
-    while data:
-        _ready(fd, deadline, write=True)
-        try:
-            data = data[os.write(fd, data):]
-        except BlockingIOError:
-            continue
-        except BrokenPipeError:
-            raise ChildGone("the child process has gone") from None
-
-
-def read_frame(fd: int, deadline: float, cap: int,
-               alive: Callable[[], bool] = lambda: True) -> bytes:
-    """Read one frame of at most ``cap`` bytes from ``fd`` by ``deadline``: TimeoutError
-    past it, ChildGone at the end of the pipe or once ``alive()`` says the writer has
-    ended, ValueError for a frame over ``cap``."""
-    size = int.from_bytes(_read_exact(fd, 4, deadline, alive), "big")
-    if size > cap:
-        raise ValueError(f"a frame of {size} bytes (the limit is {cap})")
-    return _read_exact(fd, size, deadline, alive)
-
-
-def _read_exact(fd: int, n: int, deadline: float, alive: Callable[[], bool]) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        if not _ready(fd, min(deadline, time.monotonic() + 0.5), write=False):
-            if not alive():
-                raise ChildGone("the child process has ended")
-            if time.monotonic() >= deadline:
-                raise TimeoutError
-            continue
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise ChildGone("the child process has ended")
-        buf += chunk
-    return bytes(buf)
-
-
-def _ready(fd: int, deadline: float, *, write: bool) -> bool:
-    left = deadline - time.monotonic()
-    if write and left <= 0:
-        raise TimeoutError
-    rlist, wlist = ([], [fd]) if write else ([fd], [])
-    ready = select.select(rlist, wlist, [], max(left, 0.0))
-    if write and not any(ready):
-        raise TimeoutError
-    return any(ready)
-
-
 # ------------------------------------------------------------------ the child's side
 
 
@@ -269,22 +213,12 @@ def lazy_package(name: str) -> None:
 def recv(fd: int) -> bytes | None:
     """The child's blocking read of one frame from the run; None once the run has closed
     its end of the pipe (it ended, or it is done with this child)."""
-    head = _recv_exact(fd, 4)
-    return None if head is None else _recv_exact(fd, int.from_bytes(head, "big"))
-
-
-def _recv_exact(fd: int, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
+    try:
+        return wire.read_frame(fd)
+    except wire.PeerGone:
+        return None
 
 
 def send(fd: int, body: bytes) -> None:
     """The child's blocking write of one frame to the run."""
-    data = memoryview(len(body).to_bytes(4, "big") + body)
-    while data:
-        data = data[os.write(fd, data):]
+    wire.write_frame(fd, body)

@@ -12,7 +12,7 @@ no environment, no user site, no script directory on the path) under bubblewrap
   install prefix, a minimal read-only /dev (so no /dev/shm to fill), and small sized
   writable tmpfs /work and /tmp that vanish with it; no /proc, /etc, /home, /root,
   repository, store or host temporary files;
-- a memory cgroup of its own (:mod:`stages.filter._cgroup`) limited to ``memory_mb``:
+- a memory cgroup of its own (:mod:`stages.sandbox._cgroup`) limited to ``memory_mb``:
   every page the run holds is charged to it, its tmpfs files, anonymous files
   (``memfd``), System V segments and the kernel memory of its files included;
 - no network but its own loopback; no view of host processes (so no signal to them);
@@ -44,7 +44,14 @@ network in reach (and a memory cgroup only where one can be made), which warns o
 step. Each outcome records the isolation used.
 
 Besides stdout and stderr the program has a *result channel*, fd 3, which the harness
-of :mod:`stages.filter.harness` writes its measured values to.
+of :mod:`stages.sandbox.harness` writes its measured values to.
+
+The package is the sandbox (not an operator: the filter kind's Verify and its code
+verifiers, stages.filter.verifiers, and the Python tool of stages.envs use it): this
+module (the limits, :func:`run_python`), ``_process`` (the command line, how a run ended),
+``_launch`` (the launcher inside the namespaces), ``_cgroup`` and ``_seccomp`` (memory and
+system-call limits), and the code-test harness (``harness``, with ``_walk``, ``_probes``,
+``_values`` and ``_judge``: the verdict taken outside the sandbox).
 
 >>> run_python("print(6 * 7)").stdout  # doctest: +SKIP
 '42\\n'
@@ -58,8 +65,8 @@ from pydantic import Field
 
 from gfcr.core import codebox
 from gfcr.core.stage import Spec
-from stages.filter import _cgroup, _process
-from stages.filter._process import VIOLATIONS, Isolation, Outcome, classify
+from stages.sandbox import _cgroup, _process
+from stages.sandbox._process import VIOLATIONS, Isolation, Outcome, classify
 
 __all__ = ["Sandbox", "Outcome", "SandboxUnavailable", "VIOLATIONS", "classify", "refusal",
            "run_python", "unavailable"]

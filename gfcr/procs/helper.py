@@ -98,7 +98,7 @@ def call_with_timeout(fn: Callable[[], None], timeout: float) -> Outcome:
 
 def charge(seconds: float) -> None:
     """Add ``seconds`` of CPU spent elsewhere for this thread (a scorer worker process's,
-    :mod:`gfcr.runner.scorer_workers`) to whoever is collecting it (:func:`charging`)."""
+    :mod:`gfcr.procs.scorer_workers`) to whoever is collecting it (:func:`charging`)."""
     box = _charged.get()
     if box is not None:
         box[0] += seconds

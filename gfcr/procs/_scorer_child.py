@@ -1,4 +1,4 @@
-"""The worker side of :mod:`gfcr.runner.scorer_workers`: load scorers, call them, answer in JSON.
+"""The worker side of :mod:`gfcr.procs.scorer_workers`: load scorers, call them, answer in JSON.
 
 Requests are pickles from the run (``("load", key, pickled scorer)`` or ``("score", key,
 args)``); answers are JSON objects: ``{"value": float}`` or ``{"error": "Type: message",
@@ -14,7 +14,7 @@ import pickle
 import time
 from typing import Any, Callable
 
-from gfcr.runner import childproc
+from gfcr.procs import childproc
 
 
 def main(args: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Scorer worker processes: scorer calls that the run can kill at their deadline.
 
-An in-process call cannot be stopped (:mod:`gfcr.runner.helper`), and a scorer that computes
+An in-process call cannot be stopped (:mod:`gfcr.procs.helper`), and a scorer that computes
 in C without letting go of the GIL (math-verify asked to expand ``9^{9^{9^{9}}}``) stops
 every thread of the run with it, timeouts and the lease renewer included. So a scorer
 that may run long is called in a worker process: the run sends the call, waits for the
@@ -15,7 +15,7 @@ worker) and then taking calls. Starting and loading have their own deadline (``r
 the step's budget left), not the call's, so a worker's imports never count as a slow
 call; a loaded scorer with a ``warm()`` method has it run then too. Answers come back as
 JSON (a value or an error), never as a pickle, so a worker cannot hand the run an object.
-The workers are started by :mod:`gfcr.runner.childproc` (light imports, ended with the run), and
+The workers are started by :mod:`gfcr.procs.childproc` (light imports, ended with the run), and
 each offers itself first to the kernel's out-of-memory killer, so that a scorer sent into a
 huge computation takes itself down rather than the trainer.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Literal
 
-from gfcr.runner import childproc
+from gfcr.procs import childproc, wire
 
 _CAP = 1 << 20
 """The largest answer a worker may send (bytes)."""
@@ -84,7 +84,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.proc, self._send, self._answers = childproc.spawn_piped(
-            "gfcr.runner._scorer_child", [], lazy=_LAZY)
+            "gfcr.procs._scorer_child", [], lazy=_LAZY)
         os.set_blocking(self._send, False)
         self.loaded: set[str] = set()
         self._closed = False
@@ -94,8 +94,8 @@ class _Worker:
 
     def ask(self, message: tuple[Any, ...], deadline: float) -> dict[str, Any]:
         """Send ``message`` and wait for its answer until ``deadline``."""
-        childproc.write_frame(self._send, pickle.dumps(message), deadline)
-        answer = json.loads(childproc.read_frame(self._answers, deadline, _CAP, self.alive))
+        wire.write_frame(self._send, pickle.dumps(message), deadline)
+        answer = json.loads(wire.read_frame(self._answers, deadline, _CAP, self.alive))
         if not isinstance(answer, dict):
             raise ValueError(f"an answer that is not an object: {answer!r:.100}")
         return answer
@@ -177,11 +177,11 @@ def _ask(worker: _Worker, message: tuple[Any, ...], deadline: float, late: str) 
         answer = worker.ask(message, deadline)
     except TimeoutError:
         return Reply("timeout", error=late)
-    except childproc.ChildGone:
+    except wire.PeerGone:
         worker.close()
         return Reply("died", error=f"ScorerDied: the scorer's worker process ended "
                                    f"({childproc.how_it_ended(worker.proc)}) during the call")
-    except ValueError as err:  # an unreadable answer: the worker is not to be trusted
+    except ValueError as err:  # unreadable or too large (wire.TooLarge): not to be trusted
         return Reply("died", error=f"ScorerDied: the scorer's worker process answered "
                                    f"nonsense ({err})"[:500])
     value = answer.get("value")

@@ -1,4 +1,4 @@
-"""The harness's rules for probes (see :mod:`stages.filter.harness`): which part of an
+"""The harness's rules for probes (see :mod:`stages.sandbox.harness`): which part of an
 assert may run in the sandbox, and what of the test's may go in with it.
 
 A probe is judged by its value alone, so it may only *produce* the program's values
@@ -13,13 +13,13 @@ from __future__ import annotations
 import ast
 from typing import Any, Protocol
 
-from stages.filter import _judge, _values
+from stages.sandbox import _judge, _values
 
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 class Walk(Protocol):
-    """What the rules need of the walk (:class:`stages.filter._walk.Planner`)."""
+    """What the rules need of the walk (:class:`stages.sandbox._walk.Planner`)."""
 
     env: dict[str, Any]
     dynamic: set[str]
