@@ -4,7 +4,7 @@ the adapters for environments from elsewhere: ``gym`` (Gymnasium-style text
 environments), ``textarena`` (TextArena games), ``remote`` (OpenEnv-style HTTP servers),
 with their stage builders ``GymEnv``, ``TextArenaEnv``, ``RemoteEnv``."""
 
-from stages.envs import arena, gym, remote  # noqa: F401 - registers textarena, gym, remote
+from stages.envs import arena, catalogue, gym, remote  # noqa: F401 - registers them
 from stages.envs.builders import GymEnv, RemoteEnv, TextArenaEnv
 from stages.envs.feedback import Feedback
 from stages.envs.guess import GuessNumber

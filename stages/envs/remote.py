@@ -147,7 +147,8 @@ def _read(resp: http.client.HTTPResponse, sock: socket.socket, limit: int, deadl
     length = resp.getheader("Content-Length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise RemoteEnvError(f"{route}: the answer is {length} bytes; max_bytes is {limit}")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
