@@ -49,12 +49,14 @@ SYSTEM = "You play a game. Reply with only your move, in square brackets, like [
 
 
 def arena_stage(args: argparse.Namespace) -> Any:
-    """The Episodes stage playing the game (training samples at temperature 1)."""
+    """The Episodes stage playing the game (training samples at temperature 1); one
+    policy turn more than the game's guesses, for the retry after a first invalid move
+    that TextArena allows."""
     return TextArenaEnv(game="GuessTheNumber-v0", system=SYSTEM,
                         game_options={"min_number": 1, "max_number": args.high,
                                       "max_turns": args.game_turns},
-                        n=args.n, max_turns=args.game_turns, max_tokens=args.max_tokens,
-                        max_episode_tokens=64, temperature=1.0)
+                        n=args.n, max_turns=args.game_turns + 1, max_tokens=args.max_tokens,
+                        max_episode_tokens=200, temperature=1.0)
 
 
 def pipeline(args: argparse.Namespace, lr: float, root: Path) -> Pipeline:
@@ -160,17 +162,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--only", choices=["textarena", "verifiers"], help="run one half")
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--every", type=int, default=8, help="checkpoint (candidate) interval")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--every", type=int, default=4, help="checkpoint (candidate) interval")
     ap.add_argument("--lrs", type=lambda s: [float(x) for x in s.split(",")],
-                    default=[3e-6, 1e-5], help="comma-separated learning rates")
+                    default=[1e-5], help="comma-separated learning rates")
     ap.add_argument("--batch", type=int, default=8, help="games per step")
     ap.add_argument("--n", type=int, default=4, help="episodes per game")
     ap.add_argument("--high", type=int, default=16, help="the number is in 1..high")
     ap.add_argument("--game-turns", type=int, default=2, help="guesses per game")
-    ap.add_argument("--max-tokens", type=int, default=8, help="tokens per reply")
-    ap.add_argument("--val", type=int, default=64, help="validation games")
-    ap.add_argument("--test", type=int, default=128, help="test games")
+    ap.add_argument("--max-tokens", type=int, default=6, help="tokens per reply")
+    ap.add_argument("--val", type=int, default=32, help="validation games")
+    ap.add_argument("--test", type=int, default=64, help="test games")
     ap.add_argument("--model-root", type=Path, default=Path(".gfcr"),
                     help="where SmolLM2's converted checkpoint is cached")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
