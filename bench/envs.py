@@ -123,6 +123,20 @@ def textarena(args: argparse.Namespace) -> dict[str, Any]:
                           "seconds": time.perf_counter() - started}}
 
 
+def measured(args: argparse.Namespace) -> dict[str, Any]:
+    """``--checkpoint``: the test half for given weights against the warm start (no
+    training, no selection: the weights were chosen elsewhere)."""
+    base = pipeline(args, args.lrs[0], Path("unused"))
+    before = heldout(base, None, args.val, args.test, args)
+    after = heldout(base, args.checkpoint / "model.safetensors", args.val, args.test, args)
+    gain, se = paired(after, before)
+    return {"textarena_gain": gain, "textarena_gain_se": se,
+            "textarena": {"game": "GuessTheNumber-v0", "chosen": {
+                "lr": args.lrs[0], "step": args.checkpoint.name, "path": str(args.checkpoint)},
+                "test_before": statistics.mean(before), "test_after": statistics.mean(after),
+                "test_episodes": len(after), "before": before, "after": after}}
+
+
 def verifiers() -> dict[str, Any]:
     """The verifiers half, from bench/_envs_verifiers.py when it exists."""
     path = Path(__file__).with_name("_envs_verifiers.py")
@@ -175,12 +189,15 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=64, help="test games")
     ap.add_argument("--model-root", type=Path, default=Path(".gfcr"),
                     help="where SmolLM2's converted checkpoint is cached")
+    ap.add_argument("--checkpoint", type=Path,
+                    help="measure this checkpoint folder (trained at --lrs' first) on the "
+                         "test half against the warm start, without training")
     ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args()
     started = time.perf_counter()
     result: dict[str, Any] = {}
     if args.only != "verifiers":
-        result.update(textarena(args))
+        result.update(measured(args) if args.checkpoint else textarena(args))
     if args.only != "textarena":
         result.update(verifiers())
     result["seconds"] = time.perf_counter() - started
