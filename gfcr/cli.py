@@ -279,8 +279,10 @@ app.add_typer(cli_replay.app, name="replay")
 
 
 def _register_stages() -> None:
+    from gfcr.commands.envs import envs
     from gfcr.commands.stages import stages
     app.command("stages")(stages)
+    app.command("envs")(envs)
 
 
 _register_stages()

@@ -11,7 +11,8 @@ from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.control.turns import TurnBudget
 from stages.engines.hf import HF
-from stages.envs import Feedback, GuessNumber, PythonArithmetic
+from stages.envs import (Feedback, GuessNumber, GymEnv, PythonArithmetic, RemoteEnv,
+                         TextArenaEnv)
 from stages.engines.vllm import VLLM
 from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
@@ -54,4 +55,5 @@ __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget",
            "ActivePartialRollouts", "OnlinePrune", "RolloutAllocator", "TokenBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
-           "PythonArithmetic", "AgentEnv", "LoraSpec", "VerifiersEnv", "VerifiersTask"]
+           "PythonArithmetic", "AgentEnv", "LoraSpec", "VerifiersEnv", "VerifiersTask",
+           "GymEnv", "RemoteEnv", "TextArenaEnv"]

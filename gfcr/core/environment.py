@@ -147,3 +147,24 @@ def resolve_env(ref: str) -> Callable[..., Environment]:
     if not callable(found):
         raise ValueError(f"environment {ref!r} is not a class or factory")
     return found
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One environment ``gfcr envs`` lists: where it comes from, its name, how a pipeline
+    uses it, and what it is."""
+
+    source: str
+    name: str
+    usage: str
+    summary: str = ""
+
+
+CATALOGUES: dict[str, Callable[[], list[EnvEntry]]] = {}
+"""Listers of environments beyond the registered ones (installed packages, game
+registries), by source; an operator library adds its own (:func:`register_catalogue`)."""
+
+
+def register_catalogue(source: str, lister: Callable[[], list[EnvEntry]]) -> None:
+    """Register ``lister`` as the catalogue of environments from ``source``."""
+    CATALOGUES[source] = lister
