@@ -10,7 +10,8 @@ from typing import Any
 from gfcr.core.engine import Engine
 from gfcr.core.rollout import NEW_TOKENS, SERVER, col, stable_id
 from gfcr.core.stage import StepContext
-from stages.generate._episodes import Episode, Trajectory, trajectories
+from gfcr.core.trajectory import Branch, Trajectory, branches
+from stages.generate._episodes import Episode
 
 
 def task_fields(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -34,17 +35,15 @@ def episode_rows(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample
     the server of its last policy turn."""
     with episode.lock:
         calls = list(episode.calls)
-    paths = trajectories(calls)
+    paths = branches([c.exchange() for c in calls])
     if not paths:
         first = episode.codec.render([{"role": "user", "content": prompt[col.PROMPT]}], None)
-        paths = [Trajectory(first, [], None, [])]
+        paths = [Branch(Trajectory().start_ids(first), None, [])]
     rows: list[dict[str, Any]] = []
     ids = [stable_id(ctx.run_id, ctx.step, group_id, sample_idx, b) for b in range(len(paths))]
     for branch, path in enumerate(paths):
-        completion = [t for turn in path.turns for t in turn["token_ids"]]
-        logprobs = [lp for turn in path.turns
-                    for lp in (turn["logprobs"] or [0.0] * len(turn["token_ids"]))]
-        outs = path.outputs
+        flat = path.trajectory.flat()
+        outs = [o for o in (calls[i].output for i in path.calls) if o is not None]
         rows.append({
             col.RUN_ID: ctx.run_id, col.STEP: ctx.step, col.ROLLOUT_ID: ids[branch],
             col.PROMPT_ID: prompt[col.PROMPT_ID], col.GROUP_ID: group_id,
@@ -52,25 +51,21 @@ def episode_rows(ctx: StepContext, prompt: dict[str, Any], group_id: str, sample
             col.PARENT_ID: None if path.parent is None else ids[path.parent],
             col.TASK: prompt[col.TASK], col.PROMPT: prompt[col.PROMPT],
             col.ANSWER: prompt.get(col.ANSWER), col.META: prompt.get(col.META),
-            col.COMPLETION: engine.decode(completion), col.PROMPT_IDS: path.prompt_ids,
-            col.COMPLETION_IDS: completion, col.LOGPROBS: logprobs,
+            col.COMPLETION: engine.decode(flat.completion_ids), col.PROMPT_IDS: flat.prompt_ids,
+            col.COMPLETION_IDS: flat.completion_ids, col.LOGPROBS: flat.logprobs,
             col.POLICY_VERSION_START: min((o.version_start for o in outs), default=engine.version),
             col.POLICY_VERSION_END: max((o.version_end for o in outs), default=engine.version),
             col.FINISH_REASON: outs[-1].finish_reason if outs else "aborted",
             col.STATUS: "complete", col.REWARD: 0.0 if reward is None else reward,
             col.REWARDS: None, col.SCORE_ERROR: error, col.ADVANTAGE: None,
             col.KEPT: True, col.DROPPED_BY: None, col.DROP_REASON: None,
-            col.CONSUMED_AT_STEP: None, col.REPLAY_COUNT: 0, col.N_TOKENS: len(completion),
+            col.CONSUMED_AT_STEP: None, col.REPLAY_COUNT: 0,
+            col.N_TOKENS: len(flat.completion_ids),
             col.GEN_SECONDS: seconds, col.CREATED_AT: datetime.now(timezone.utc),
-            col.TURNS: [_prompt_turn(path.prompt_ids)] + path.turns,
+            col.TURNS: path.trajectory.rows(),
             NEW_TOKENS: sum(len(o.completion_ids) for o in outs),
             # on a fleet: the server of its last policy turn (gfcr.core.rollout.SERVER)
             **({SERVER: outs[-1].server} if outs and outs[-1].server is not None else {}),
         })
     return rows
-
-
-def _prompt_turn(ids: list[int]) -> dict[str, Any]:
-    return {"role": "user", "source": "environment", "token_ids": ids, "logprobs": None,
-            "mask": None, "tool_name": None, "tool_error": None, "reward": None}
 

@@ -33,11 +33,12 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core.chat import Trajectory, Turn, chat_format
+from gfcr.core.chat import chat_format
 from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
                                PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
+from gfcr.core.trajectory import Trajectory
 from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate._policy import chat_tokenizer
@@ -168,7 +169,7 @@ class Episodes(StageSpec):
                     if e.branch is None:
                         e.traj.start(messages, tools)
                     else:
-                        e.traj.turns = [Turn(**t) for t in e.branch["turns"]]
+                        e.traj = Trajectory.of_rows(e.branch["turns"], e.traj.format)
                     continue
                 except Exception as err:  # noqa: BLE001 - user code's output: recorded
                     _invalid(e, "reset", err)
