@@ -218,10 +218,12 @@ def empty_rollouts() -> pa.Table:
 def conform(table: pa.Table, *, where: str = "table") -> pa.Table:
     """Return ``table`` with the schema's columns first, in schema order and types.
 
-    Extra columns a pipeline declared are kept after them. Raises ``SchemaError`` naming
+    Extra columns a pipeline declared are kept after them. A row's flat token columns are
+    derived from its turns where it has them (:func:`with_flat`), and its turns from its
+    flat columns where it has none (:func:`with_turns`). Raises ``SchemaError`` naming
     every missing column and every column whose type cannot be cast.
     """
-    table = with_turns(table)
+    table = with_turns(with_flat(table, where))
     problems: list[str] = []
     arrays: list[pa.ChunkedArray] = []
     for field in ROLLOUT_SCHEMA:
@@ -248,11 +250,41 @@ def _cast(column: pa.ChunkedArray, field: pa.Field, problems: list[str]) -> pa.C
     return column
 
 
+_FLAT = (col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS)
+
+
+def with_flat(table: pa.Table, where: str = "table") -> pa.Table:
+    """``table`` with the flat token columns of every row that has turns derived from them
+    (:func:`gfcr.core.turncols.flat_columns`: the turns are the rollout's body); rows
+    without turns keep theirs. Turns that do not fit the turn type, or give a turn
+    logprobs not one per token, are a ``SchemaError`` naming the row."""
+    turns = table.column(col.TURNS) if col.TURNS in table.column_names else None
+    if turns is None or turns.null_count == len(turns):
+        return table
+    try:
+        derived = flat_columns(turns)
+    except (ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        raise SchemaError(f"{where}: column {col.TURNS!r}: {err}") from None
+    given = turns.is_valid()
+    for name, values in zip(_FLAT, derived):
+        field = ROLLOUT_SCHEMA.field(name)
+        if name not in table.column_names:
+            table = table.append_column(field, values)
+            continue
+        at = table.column_names.index(name)
+        try:
+            table = table.set_column(at, field, pc.if_else(
+                given, values, table.column(name).cast(field.type)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # a column of the wrong type: conform names it
+    return table
+
+
 def with_turns(table: pa.Table) -> pa.Table:
     """``table`` with a ``turns`` column: rows that have none get their single-turn form
     (:func:`single_turns`); a table without the token columns is returned as it is (for
     :func:`conform` to name what it lacks)."""
-    if not {col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS} <= set(table.column_names):
+    if not set(_FLAT) <= set(table.column_names):
         return table
     have = table.column(col.TURNS) if col.TURNS in table.column_names else None
     if have is not None and not have.null_count:
