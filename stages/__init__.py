@@ -11,8 +11,7 @@ from stages.control.partial import ActivePartialRollouts
 from stages.control.prune import OnlinePrune
 from stages.control.turns import TurnBudget
 from stages.engines.hf import HF
-from stages.envs import (Feedback, GuessNumber, GymEnv, PythonArithmetic, RemoteEnv,
-                         TextArenaEnv)
+from stages.envs import Feedback, GuessNumber, PythonArithmetic
 from stages.engines.vllm import VLLM
 from stages.engines.smollm2 import SmolLM2
 from stages.engines.tiny import HFCheckpoint, TinyLlama
@@ -26,6 +25,7 @@ from stages.sandbox import Sandbox
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
 from stages.generate.agent import AgentEnv
+from stages.generate.env_stages import GymEnv, RemoteEnv, TextArenaEnv
 from stages.generate.episodes import Episodes
 from stages.generate.conditioned import ConditionedSample, Exemplars, Hints
 from stages.generate.group import GroupSample

@@ -10,7 +10,7 @@ back as something else (the retokenization drift of TRL #5224/#5242, verl #6921,
 - the first messages are rendered once (:meth:`ChatFormat.first`, with the generation
   prompt);
 - the policy's ids are appended exactly as generated, its end-of-turn token included,
-  with their logprobs, in the loss (:meth:`Trajectory.add_policy`);
+  with their logprobs, in the loss (:meth:`gfcr.core.trajectory.Trajectory.add_policy`);
 - each later observation is appended as the ids of its rendered *delta* only
   (:meth:`ChatFormat.delta`): what the template would add after a finished assistant
   turn, rendered against a fixed stand-in conversation, never the real one; if the
@@ -26,16 +26,13 @@ through the template with the generation prompt in the other: what
 :func:`gfcr.core.engine.encode_prompt` gives a single-turn prompt, so a policy warm-started
 on single-turn prompts sees its first turn as it saw them.
 
-:class:`Trajectory` holds the turns (``gfcr.core.rollout.TURN_TYPE`` rows) and the flat
-columns they imply (``prompt_ids``: the first turn; ``completion_ids``: the rest, in
-order; ``logprobs``: the policy's, 0 for observation tokens).
+:class:`gfcr.core.trajectory.Trajectory` appends the turns these formats render.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gfcr.core.chattext import template_ids
 from gfcr.core.engine import Tokenizer, stop_token_ids
@@ -171,98 +168,3 @@ def chat_format(tokenizer: Tokenizer) -> ChatFormat:
     if isinstance(tokenizer, RendersChat) and tokenizer.chat:
         return TemplateFormat(tokenizer)
     return PlainFormat(tokenizer)
-
-
-@dataclass
-class Turn:
-    """One turn of a trajectory, in ``gfcr.core.rollout.TURN_TYPE``'s fields."""
-
-    role: str
-    source: str
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-    mask: list[bool] | None = None
-    tool_name: str | None = None
-    tool_error: str | None = None
-    reward: float | None = None
-
-    def as_row(self) -> dict[str, Any]:
-        return {"role": self.role, "source": self.source, "token_ids": self.token_ids,
-                "logprobs": self.logprobs, "mask": self.mask, "tool_name": self.tool_name,
-                "tool_error": self.tool_error, "reward": self.reward}
-
-
-@dataclass
-class Trajectory:
-    """A conversation as turns of token ids, built by appending (never re-rendering)."""
-
-    format: ChatFormat
-    turns: list[Turn] = field(default_factory=list)
-
-    def start(self, messages: list[Message], tools: Sequence[Tool] = ()) -> None:
-        """The first turn: ``messages`` rendered once (an environment turn)."""
-        if self.turns:
-            raise ValueError("the trajectory has already started")
-        self.turns.append(Turn(_role(messages), "environment",
-                               self.format.first(messages, list(tools))))
-
-    def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
-        """The policy's turn: its ids exactly as generated, in the loss."""
-        if len(ids) != len(logprobs):
-            raise ValueError(f"a policy turn has {len(ids)} ids but {len(logprobs)} logprobs")
-        self.turns.append(Turn("assistant", "policy", list(ids), list(logprobs),
-                               [True] * len(ids)))
-
-    def observe(self, messages: list[Message], *, tool_name: str | None = None,
-                tool_error: str | None = None) -> None:
-        """Append an observation after the policy's last turn, as its delta's ids."""
-        last = self.turns[-1] if self.turns else None
-        if last is None or last.source != "policy":
-            raise ValueError("an observation must follow a policy turn")
-        closed = bool(last.token_ids) and last.token_ids[-1] in self.format.ends
-        ids = self.format.delta(messages, closed)
-        role = _role(messages)
-        source = "tool" if role == "tool" or tool_name is not None else "environment"
-        self.turns.append(Turn(role, source, ids, tool_name=tool_name,
-                               tool_error=tool_error))
-
-    def reward_last(self, reward: float | None) -> None:
-        """Give the policy's last turn its reward."""
-        if reward is not None:
-            policy = [t for t in self.turns if t.source == "policy"]
-            policy[-1].reward = float(reward)
-
-    def ids(self) -> list[int]:
-        """Every token so far: the context the policy's next turn continues."""
-        return [i for t in self.turns for i in t.token_ids]
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return list(self.turns[0].token_ids)
-
-    @property
-    def completion_ids(self) -> list[int]:
-        return [i for t in self.turns[1:] for i in t.token_ids]
-
-    @property
-    def logprobs(self) -> list[float]:
-        """The policy's logprobs, 0 for every token of a turn without any."""
-        return [lp for t in self.turns[1:]
-                for lp in (t.logprobs if t.logprobs is not None else [0.0] * len(t.token_ids))]
-
-    def policy_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns if t.source == "policy")
-
-    def reward(self) -> float | None:
-        """The sum of the turns' rewards; None when no turn has one."""
-        given = [t.reward for t in self.turns if t.reward is not None]
-        return float(sum(given)) if given else None
-
-    def rows(self) -> list[dict[str, Any]]:
-        """The ``turns`` column's value."""
-        return [t.as_row() for t in self.turns]
-
-
-def _role(messages: list[Message]) -> str:
-    roles = {m.role for m in messages}
-    return roles.pop() if len(roles) == 1 else "user"

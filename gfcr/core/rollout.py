@@ -9,19 +9,14 @@ keeps its row with ``kept = false`` and the name of the stage and the reason.
 Column names are reached through :data:`col` so a typo is an ``AttributeError``, not a
 silently missing column.
 
-**Trajectory form.** A rollout is a sequence of turns (:data:`TURN_TYPE`, the ``turns``
-column): each with its role, its source (:data:`TURN_SOURCES`: the environment, the
-policy, a tool, or a forced prefix), its token ids, and, for the assistant's tokens,
-their behaviour log-probabilities and loss mask. A single-turn rollout is the one-turn
-case: the prompt (an environment turn), a forced-prefix turn when the row has
-``hint_tokens`` > 0, and the policy's turn. For such rows the flat columns
-(``prompt_ids``, ``completion_ids``, ``logprobs``, ``hint_tokens``) and the turns say the
-same thing, and :func:`conform` derives the turns of a row that has none
-(:func:`single_turns`), so every conformed table and every stored row has them; the
-flat columns are what today's learner and operators read. The rule that ties them for
-any number of turns: ``prompt_ids`` are the first turn's tokens, ``completion_ids`` the
-later turns' tokens in order, ``logprobs`` theirs (0 for a turn without any), and the
-learner's loss mask theirs (False for a turn without one; :func:`loss_mask`).
+**Trajectory form.** A rollout is a sequence of turns (``turns``, of
+:data:`gfcr.core.trajectory.TURN_TYPE`), the rollout's one body
+(:mod:`gfcr.core.trajectory`); the flat columns (``prompt_ids``, ``completion_ids``,
+``logprobs``) are derived from it by one rule (:func:`gfcr.core.trajectory.flat`), which
+:func:`conform` applies to every row that has turns. A row without turns (written by a
+stage that fills only the flat columns, or stored before turns existed) gets its
+single-turn form (:func:`gfcr.core.turncols.single_turns`: the prompt, a forced-prefix
+turn when ``hint_tokens`` > 0, the policy's turn), so every conformed table has both.
 """
 
 from __future__ import annotations
@@ -34,6 +29,10 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from gfcr.core.trajectory import (BRANCH_TYPE, TURN_SOURCES, TURN_TYPE, TURNS_TYPE,  # noqa: F401
+                                  loss_mask)
+from gfcr.core.turncols import flat_columns, single_turns
 
 FinishReason = Literal["stop", "length", "aborted", "pruned"]
 Status = Literal["complete", "partial", "pruned"]
@@ -50,27 +49,6 @@ class Column:
 
 
 _IDS = pa.list_(pa.int32())
-
-TURN_SOURCES = ("environment", "policy", "tool", "forced")
-"""Who produced a turn's tokens: the environment (the prompt, an observation), the
-policy (sampled), a tool (its output), or a forced prefix (tokens put in the policy's
-mouth, e.g. ADHint's hints: in the sequence, out of the loss)."""
-
-TURN_TYPE = pa.struct([
-    pa.field("role", pa.string()),
-    pa.field("source", pa.string()),
-    pa.field("token_ids", _IDS),
-    pa.field("logprobs", pa.list_(pa.float32())),
-    pa.field("mask", pa.list_(pa.bool_())),
-    pa.field("tool_name", pa.string()),
-    pa.field("tool_error", pa.string()),
-    pa.field("reward", pa.float64()),
-])
-"""One turn: ``role`` (user, assistant, tool, system), ``source`` (:data:`TURN_SOURCES`),
-``token_ids``; ``logprobs`` (behaviour log-probability per token) and ``mask`` (in the
-loss or not, per token) for the assistant's turns, null for the others; ``tool_name``
-and ``tool_error`` for a tool call's turn; ``reward``: a per-turn reward (null: none, the
-row's ``reward`` is the trajectory's)."""
 
 COLUMNS: tuple[Column, ...] = (
     Column("run_id", pa.string(), False, "Pipeline run that produced the row."),
@@ -109,9 +87,6 @@ COLUMNS: tuple[Column, ...] = (
     Column("turns", pa.list_(TURN_TYPE), True,
            "The trajectory as turns (TURN_TYPE); null only in rows stored before it existed."),
 )
-
-TURNS_TYPE = pa.list_(TURN_TYPE)
-"""The ``turns`` column's type."""
 
 ROLLOUT_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
 """The Arrow schema of a rollout table."""
@@ -217,10 +192,6 @@ masks), lets the policy take the next turn, and records the new rows with that
 ``parent_id``. Fission-GRPO's recovery rollouts branch at a tool error
 (stages.replay.fission)."""
 
-BRANCH_TYPE = pa.struct([("parent_id", pa.string()), ("turns", pa.list_(TURN_TYPE))])
-"""A branch: the stored row it starts from and the turns it starts with."""
-
-
 def stable_id(*parts: Any) -> str:
     """Deterministic id from its parts, so every executor names rows the same."""
     return hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()[:16]
@@ -247,10 +218,12 @@ def empty_rollouts() -> pa.Table:
 def conform(table: pa.Table, *, where: str = "table") -> pa.Table:
     """Return ``table`` with the schema's columns first, in schema order and types.
 
-    Extra columns a pipeline declared are kept after them. Raises ``SchemaError`` naming
+    Extra columns a pipeline declared are kept after them. A row's flat token columns are
+    derived from its turns where it has them (:func:`with_flat`), and its turns from its
+    flat columns where it has none (:func:`with_turns`). Raises ``SchemaError`` naming
     every missing column and every column whose type cannot be cast.
     """
-    table = with_turns(table)
+    table = with_turns(with_flat(table, where))
     problems: list[str] = []
     arrays: list[pa.ChunkedArray] = []
     for field in ROLLOUT_SCHEMA:
@@ -277,11 +250,41 @@ def _cast(column: pa.ChunkedArray, field: pa.Field, problems: list[str]) -> pa.C
     return column
 
 
+_FLAT = (col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS)
+
+
+def with_flat(table: pa.Table, where: str = "table") -> pa.Table:
+    """``table`` with the flat token columns of every row that has turns derived from them
+    (:func:`gfcr.core.turncols.flat_columns`: the turns are the rollout's body); rows
+    without turns keep theirs. Turns that do not fit the turn type, or give a turn
+    logprobs not one per token, are a ``SchemaError`` naming the row."""
+    turns = table.column(col.TURNS) if col.TURNS in table.column_names else None
+    if turns is None or turns.null_count == len(turns):
+        return table
+    try:
+        derived = flat_columns(turns)
+    except (ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        raise SchemaError(f"{where}: column {col.TURNS!r}: {err}") from None
+    given = turns.is_valid()
+    for name, values in zip(_FLAT, derived):
+        field = ROLLOUT_SCHEMA.field(name)
+        if name not in table.column_names:
+            table = table.append_column(field, values)
+            continue
+        at = table.column_names.index(name)
+        try:
+            table = table.set_column(at, field, pc.if_else(
+                given, values, table.column(name).cast(field.type)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # a column of the wrong type: conform names it
+    return table
+
+
 def with_turns(table: pa.Table) -> pa.Table:
     """``table`` with a ``turns`` column: rows that have none get their single-turn form
     (:func:`single_turns`); a table without the token columns is returned as it is (for
     :func:`conform` to name what it lacks)."""
-    if not {col.PROMPT_IDS, col.COMPLETION_IDS, col.LOGPROBS} <= set(table.column_names):
+    if not set(_FLAT) <= set(table.column_names):
         return table
     have = table.column(col.TURNS) if col.TURNS in table.column_names else None
     if have is not None and not have.null_count:
@@ -295,67 +298,6 @@ def with_turns(table: pa.Table) -> pa.Table:
     turns = pc.if_else(pc.is_null(have), derived, have.cast(TURNS_TYPE))
     return table.set_column(table.column_names.index(col.TURNS),
                             ROLLOUT_SCHEMA.field(col.TURNS), turns)
-
-
-def single_turns(prompt_ids: pa.ChunkedArray | pa.Array, completion_ids: pa.ChunkedArray | pa.Array,
-                 logprobs: pa.ChunkedArray | pa.Array, hints: np.ndarray) -> pa.Array:
-    """Per row, its turns as a single-turn rollout: the prompt (role user, source
-    environment), the first ``hints[i]`` completion tokens as a forced prefix (role
-    assistant, out of the loss; no turn when 0) and the rest as the policy's turn (in the
-    loss), each assistant turn with its share of ``logprobs``. Vectorised: offsets and
-    gathers over the flat values, no Python loop over rows."""
-    prompts, completions, lps = (_list(a) for a in (prompt_ids, completion_ids, logprobs))
-    p, c, n_lp = (pc.list_value_length(a).fill_null(0).to_numpy(zero_copy_only=False)
-                  .astype(np.int64) for a in (prompts, completions, lps))
-    h = np.clip(hints, 0, c)
-    h_lp = np.minimum(h, n_lp)
-    present = np.stack([np.ones_like(h, bool), h > 0, np.ones_like(h, bool)], 1).ravel()
-    kind = np.tile(np.arange(3), len(h))[present]          # 0 prompt, 1 forced, 2 policy
-    tokens = np.stack([p, h, c - h], 1).ravel()[present]
-    n_logprobs = np.stack([np.zeros_like(h), h_lp, n_lp - h_lp], 1).ravel()[present]
-    env = kind == 0
-    token_ids = pa.ListArray.from_arrays(_offsets(tokens), _interleave(prompts, completions, p, c))
-    logprob_list = pa.ListArray.from_arrays(_offsets(n_logprobs), lps.flatten(),
-                                            mask=pa.array(env))
-    in_loss = np.arange(c.sum()) - np.repeat(np.cumsum(c) - c, c) >= np.repeat(h, c)
-    mask = pa.ListArray.from_arrays(_offsets(np.where(env, 0, tokens)), pa.array(in_loss),
-                                    mask=pa.array(env))
-    nulls = pa.nulls(len(kind))
-    turns = pa.StructArray.from_arrays(
-        [pa.array(np.array(["user", "assistant", "assistant"])[kind]),
-         pa.array(np.array(["environment", "forced", "policy"])[kind]),
-         token_ids.cast(_IDS), logprob_list.cast(pa.list_(pa.float32())),
-         mask, nulls.cast(pa.string()), nulls.cast(pa.string()), nulls.cast(pa.float64())],
-        fields=list(TURN_TYPE))
-    return pa.ListArray.from_arrays(_offsets(2 + (h > 0)), turns).cast(TURNS_TYPE)
-
-
-def _list(values: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-
-
-def _offsets(lengths: np.ndarray) -> pa.Array:
-    return pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-
-
-def _interleave(first: pa.Array, second: pa.Array, n_first: np.ndarray,
-                n_second: np.ndarray) -> pa.Array:
-    """Per row, its ``first`` values then its ``second`` values, as one flat array."""
-    a, b = first.flatten().to_numpy(zero_copy_only=False), second.flatten().to_numpy(zero_copy_only=False)
-    out = np.empty(len(a) + len(b), dtype=np.int32)
-    out[np.arange(len(a)) + np.repeat(np.cumsum(n_second) - n_second, n_first)] = a
-    out[np.arange(len(b)) + np.repeat(np.cumsum(n_first), n_second)] = b
-    return pa.array(out, pa.int32())
-
-
-def loss_mask(turns: list[dict[str, Any]]) -> list[bool]:
-    """A row's loss mask over its completion tokens (every turn after the first), from its
-    turns: each turn's ``mask``, False for every token of a turn without one."""
-    out: list[bool] = []
-    for turn in turns[1:]:
-        ids = turn["token_ids"] or []
-        out.extend(turn["mask"] if turn["mask"] is not None else [False] * len(ids))
-    return out
 
 
 class SchemaError(ValueError):

@@ -40,7 +40,7 @@ INSTALL = "pip install textarena==0.7.4 (or pip install -e '.[envs]')"
 def registry() -> dict[str, Any]:
     """TextArena's game registry (id -> spec); an error names the install command."""
     try:
-        from textarena.envs.registration import ENV_REGISTRY  # type: ignore[import-untyped]
+        from textarena.envs.registration import ENV_REGISTRY
     except ImportError as err:
         raise ValueError(f"textarena is not installed ({err}); {INSTALL}") from err
     return dict(ENV_REGISTRY)
@@ -61,7 +61,7 @@ def close_matches(game: str, ids: list[str]) -> list[str]:
 def make_game(game: str, options: dict[str, Any]) -> Any:
     """A fresh game: its entry point with the id's and ``options`` keyword arguments,
     wrapped in the id's action wrappers only."""
-    import textarena as ta  # type: ignore[import-untyped]
+    import textarena as ta
 
     spec = registry()[game]
     entry = spec.entry_point

@@ -20,7 +20,7 @@ different tasks play different ones; the task's prompt itself is not shown unles
 environment uses ``options["task"]`` (``task_options``).
 
 The ``gym`` environment (``Episodes(env="gym", env_options={"factory": "mod:make"})``, or
-:func:`stages.envs.builders.GymEnv`) makes one object per episode from a factory named
+:func:`stages.generate.env_stages.GymEnv`) makes one object per episode from a factory named
 ``"module:attribute"``: a class or function (called with ``options``), or an object with
 ``reset`` and ``step`` (deep-copied for every episode, so episodes never share state).
 

@@ -25,7 +25,7 @@ reach the gradient (and the token level's ``|A|`` would change too). This stage 
 them as :data:`gfcr.core.rollout.D3S_ADVANTAGE` for every row of the group, and ``stages.train``
 trains each kept row on its value as is — in the loss, as the token level's ``|A|`` and as the
 stored ``advantage`` — with no renormalisation over the subset
-(:func:`stages.train.masks.override_advantages`). They come from this stage's ``advantage``
+(:meth:`stages.train.masks.BatchMarks.advantages`). They come from this stage's ``advantage``
 estimator, not the trainer's.
 
 >>> D3S(keep=0.5, token_keep=0.5, relax_steps=100)  # doctest: +ELLIPSIS

@@ -8,13 +8,10 @@ gets that context's ids as its prefix and only its new messages are rendered
 (:meth:`~stages.endpoint._openai_chat.OpenAIChat.extend`); generated text is never encoded
 again. Any other request is rendered whole.
 
-**Trajectories.** After the episode, its calls become rows (:func:`trajectories`): a call
-whose prompt ids start with a trajectory's ids so far (its last call's prompt and
-generated ids) is that trajectory's next turn: the new ids are an environment (or tool)
-turn, out of the loss, and the generated ids a policy turn with their logprobs. A call
-that extends no trajectory starts a new one, a branch whose ``parent_id`` is the
-trajectory it shares the longest token prefix with (rLLM and verifiers split such
-episodes the same way).
+**Trajectories.** After the episode, its calls (each an
+:class:`gfcr.core.trajectory.Exchange`: :meth:`Call.exchange`) become trajectories, one
+row each (:func:`gfcr.core.trajectory.branches`): a call that extends a trajectory's ids
+is its next turn, one that extends none starts a branch.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfcr.core.engine import GenOutput
+from gfcr.core.trajectory import Exchange
 from stages.endpoint._openai_chat import OpenAIChat, text_of
 
 
@@ -50,6 +48,12 @@ class Call:
     """Tools whose results are among the call's new messages."""
     output: GenOutput | None = None
     """What the engine generated; None until the call is answered."""
+
+    def exchange(self) -> Exchange:
+        """The answered call as the trajectory module reads it."""
+        assert self.output is not None, "only answered calls are recorded"
+        return Exchange(self.prompt_ids, list(self.output.completion_ids),
+                        list(self.output.logprobs), self.role, tuple(self.tool_names))
 
 
 @dataclass
@@ -117,68 +121,3 @@ def _tool_names(messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> li
              for c in m.get("tool_calls") or []}
     return [names.get(m.get("tool_call_id"), m.get("name") or "?") for m in new
             if m.get("role") == "tool"]
-
-
-# --------------------------------------------------------------------------- trajectories
-
-
-@dataclass
-class Trajectory:
-    """One row's turns as ids, and the branch it came from (an index, or None)."""
-
-    prompt_ids: list[int]
-    turns: list[dict[str, Any]]
-    parent: int | None
-    outputs: list[GenOutput]
-
-    def ids(self) -> list[int]:
-        return self.prompt_ids + [t for turn in self.turns for t in turn["token_ids"]]
-
-
-def trajectories(calls: list[Call]) -> list[Trajectory]:
-    """The episode's calls, in order, as trajectories (see the module docstring)."""
-    out: list[Trajectory] = []
-    for call in calls:
-        assert call.output is not None, "only answered calls are recorded"
-        extended = next((t for t in reversed(out) if _extends(call.prompt_ids, t.ids())), None)
-        if extended is None:
-            parent = _closest(call.prompt_ids, out)
-            extended = Trajectory(call.prompt_ids, [], parent, [])
-            out.append(extended)
-        else:
-            delta = call.prompt_ids[len(extended.ids()):]
-            extended.turns.append(_env_turn(delta, call))
-        extended.turns.append(policy_turn(call.output))
-        extended.outputs.append(call.output)
-    return out
-
-
-def _extends(prompt: list[int], ids: list[int]) -> bool:
-    return len(prompt) >= len(ids) and prompt[:len(ids)] == ids
-
-
-def _closest(prompt: list[int], rows: list[Trajectory]) -> int | None:
-    """The trajectory sharing the longest token prefix with ``prompt`` (latest on ties)."""
-    best, best_len = None, -1
-    for i, row in enumerate(rows):
-        ids, n = row.ids(), 0
-        while n < min(len(ids), len(prompt)) and ids[n] == prompt[n]:
-            n += 1
-        if n >= best_len:
-            best, best_len = i, n
-    return best
-
-
-def _env_turn(ids: list[int], call: Call) -> dict[str, Any]:
-    tool = call.role == "tool"
-    return {"role": call.role, "source": "tool" if tool else "environment", "token_ids": ids,
-            "logprobs": None, "mask": None,
-            "tool_name": ",".join(call.tool_names) if tool else None,
-            "tool_error": None, "reward": None}
-
-
-def policy_turn(out: GenOutput) -> dict[str, Any]:
-    """The generated ids of a call as a policy turn, in the loss, with their logprobs."""
-    return {"role": "assistant", "source": "policy", "token_ids": list(out.completion_ids),
-            "logprobs": list(out.logprobs), "mask": [True] * len(out.completion_ids),
-            "tool_name": None, "tool_error": None, "reward": None}

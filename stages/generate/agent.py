@@ -51,14 +51,13 @@ from gfcr.core.chat import chat_format
 from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.core.stage import StageSpec, StepContext, register
-from stages.generate._agentrows import episode_rows, task_fields
-from stages.generate._episodes import Episode
 from stages.endpoint._limits import context_limit, max_token_chars
 from stages.endpoint._openai_chat import OpenAIChat
+from stages.generate._episodes import Episode
 from stages.generate._policy import chat_tokenizer
 from stages.generate.group import GENERATED
 from stages.generate.openai_api import TOO_LONG, AgentServer
-from stages.generate.rows import stable_id, to_table
+from stages.generate.rows import episode_rows, stable_id, task_fields, to_table
 from stages.generate._waves import Ask, Waves
 
 
@@ -157,8 +156,13 @@ class AgentEnv(StageSpec):
         rows: list[dict[str, Any]] = []
         ends: list[str] = []
         for run in runs:
-            more = episode_rows(ctx, tasks[run.task], run.group, run.sample, run.episode, engine,
-                                reward=run.reward, error=run.error, seconds=run.seconds)
+            episode, prompt = run.episode, tasks[run.task]
+            with episode.lock:
+                calls = [(c.exchange(), c.output) for c in episode.calls if c.output is not None]
+            more = episode_rows(ctx, prompt, run.group, run.sample, calls,
+                                lambda: episode.codec.render(
+                                    [{"role": "user", "content": prompt[col.PROMPT]}], None),
+                                engine, reward=run.reward, error=run.error, seconds=run.seconds)
             for row in more:
                 row[col.REWARDS] = run.rewards
             rows += more

@@ -112,10 +112,11 @@ class ConditionedSample(StageSpec):
             self._condition(engine, prompts[i], samples[i], stats, count)
         rows = generate_groups(ctx, prompts, samples, engine, self.sample.params(ctx),
                                on_segment)
-        marks = [s for group in samples for s in group]  # the rows' order
+        exemplars = [s.get(EXEMPLARS) or 0 for group in samples for s in group]  # rows' order
+        hints = [sum(len(t["token_ids"]) for t in r[col.TURNS] if t["source"] == "forced")
+                 for r in rows]  # the forced turn's length
         table = to_table(rows)
-        for name in (HINT_TOKENS, EXEMPLARS):
-            values = [m.get(name) or 0 for m in marks]
+        for name, values in ((HINT_TOKENS, hints), (EXEMPLARS, exemplars)):
             table = table.append_column(pa.field(name, pa.int32()), pa.array(values, pa.int32()))
         return table
 

@@ -33,15 +33,16 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core.chat import Trajectory, Turn, chat_format
+from gfcr.core.chat import chat_format
 from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
                                PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
+from gfcr.core.trajectory import Trajectory
 from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
 from stages.generate._calls import Outcome, call_all
 from stages.generate._policy import chat_tokenizer
-from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row, to_table
+from stages.generate.rows import GENERATED_SCHEMA, Made, plan_samples, rollout_row, to_table
 
 EPISODES_SCHEMA = pa.schema(list(GENERATED_SCHEMA) + [pa.field(EPISODE_END, pa.string()),
                                                       pa.field(TURN_COUNT, pa.int32())])
@@ -49,8 +50,9 @@ EPISODES_SCHEMA = pa.schema(list(GENERATED_SCHEMA) + [pa.field(EPISODE_END, pa.s
 
 
 @dataclass
-class Episode:
-    """One episode in flight."""
+class EnvEpisode:
+    """One episode in flight against its environment (an agent's episode is
+    stages.generate._episodes.Episode)."""
 
     task: dict[str, Any]
     group_id: str
@@ -137,7 +139,7 @@ class Episodes(StageSpec):
         return to_table([self._row(ctx, e, engine) for e in episodes], EPISODES_SCHEMA)
 
     def _start(self, ctx: StepContext, prompts: list[dict[str, Any]], engine: Engine
-               ) -> list[Episode]:
+               ) -> list[EnvEpisode]:
         """One episode per sample, its environment made and reset (concurrently)."""
         fmt = chat_format(chat_tokenizer(engine, self.label))
         factory = resolve_env(self.env)
@@ -148,10 +150,10 @@ class Episodes(StageSpec):
             branch = prompt.get(BRANCH)
             limit = int(prompt.get(PLAN_MAX_TURNS) or self.max_turns)
             for sample in plan_samples({**prompt, "recycle": None}, self.n):
-                episodes.append(Episode(_task(prompt), group_id, sample["sample_idx"],
+                episodes.append(EnvEpisode(_task(prompt), group_id, sample["sample_idx"],
                                         Trajectory(fmt), limit=limit, branch=branch))
 
-        def reset(e: Episode) -> tuple[Environment, list[Message], list[Any]]:
+        def reset(e: EnvEpisode) -> tuple[Environment, list[Message], list[Any]]:
             env = factory(**self.env_options)
             messages = env.reset(e.task)
             for t in (e.branch or {}).get("turns") or []:  # the branch's state, replayed
@@ -168,7 +170,7 @@ class Episodes(StageSpec):
                     if e.branch is None:
                         e.traj.start(messages, tools)
                     else:
-                        e.traj.turns = [Turn(**t) for t in e.branch["turns"]]
+                        e.traj = Trajectory.of_rows(e.branch["turns"], e.traj.format)
                     continue
                 except Exception as err:  # noqa: BLE001 - user code's output: recorded
                     _invalid(e, "reset", err)
@@ -176,7 +178,7 @@ class Episodes(StageSpec):
             e.traj.start([Message("user", e.task["prompt"])])
         return episodes
 
-    def _policy_turn(self, live: list[Episode], engine: Engine, seed: int) -> None:
+    def _policy_turn(self, live: list[EnvEpisode], engine: Engine, seed: int) -> None:
         """One batched engine call: every live episode's next policy turn."""
         requests = []
         for key, e in enumerate(live):
@@ -192,12 +194,12 @@ class Episodes(StageSpec):
             e.traj.add_policy(out.completion_ids, out.logprobs)
             e.outputs.append(out)
 
-    def _env_turn(self, live: list[Episode], engine: Engine) -> None:
+    def _env_turn(self, live: list[EnvEpisode], engine: Engine) -> None:
         """Every live environment answers its policy's turn (as text); episodes end or
         go on."""
         replies = [engine.decode(e.traj.turns[-1].token_ids) for e in live]
 
-        def step(e: Episode, reply: str) -> Step:
+        def step(e: EnvEpisode, reply: str) -> Step:
             assert e.env is not None
             return e.env.step(reply)
 
@@ -214,7 +216,7 @@ class Episodes(StageSpec):
             except Exception as err:  # noqa: BLE001 - user code's output: recorded
                 _invalid(e, "step", err)
 
-    def _go_on(self, e: Episode, result: Step, last: bool) -> None:
+    def _go_on(self, e: EnvEpisode, result: Step, last: bool) -> None:
         """After the environment's answer: end the episode, or append its observation."""
         if result.done:
             e.end = "done"
@@ -232,22 +234,13 @@ class Episodes(StageSpec):
             e.traj.turns[-1].tool_name = result.tool_name
             e.traj.turns[-1].tool_error = result.tool_error
 
-    def _row(self, ctx: StepContext, e: Episode, engine: Engine) -> dict[str, Any]:
-        traj, outs = e.traj, e.outputs
-        end = e.end or "turn_limit"
-        out = GenOutput(key=-1, completion_ids=traj.completion_ids, logprobs=traj.logprobs,
-                        finish_reason=outs[-1].finish_reason if outs else "stop",
-                        version_start=outs[0].version_start if outs else engine.version,
-                        version_end=outs[-1].version_end if outs else engine.version,
-                        seconds=sum(o.seconds for o in outs),
-                        server=outs[-1].server if outs else None)  # its last turn's
-        row = rollout_row(ctx, e.task["row"], e.group_id, e.sample_idx, traj.prompt_ids,
-                          out, engine, parent_id=(e.branch or {}).get("parent_id"))
-        reward = traj.reward()
-        row.update({col.TURNS: traj.rows(), EPISODE_END: end, TURN_COUNT: len(outs),
-                    NEW_TOKENS: traj.policy_tokens(), col.SCORE_ERROR: e.error,
-                    col.REWARD: 0.0 if reward is None and e.error else reward})
-        return row
+    def _row(self, ctx: StepContext, e: EnvEpisode, engine: Engine) -> dict[str, Any]:
+        reward = e.traj.reward()
+        row = rollout_row(ctx, e.task["row"], e.group_id, e.sample_idx, e.traj,
+                          Made.by(e.outputs, engine), engine,
+                          parent_id=(e.branch or {}).get("parent_id"), score_error=e.error,
+                          reward=0.0 if reward is None and e.error else reward)
+        return {**row, EPISODE_END: e.end or "turn_limit", TURN_COUNT: len(e.outputs)}
 
 
 def _task(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +257,7 @@ def _task(prompt: dict[str, Any]) -> dict[str, Any]:
             PLAN_MAX_TOKENS: prompt.get(PLAN_MAX_TOKENS), "row": prompt}
 
 
-def _failed(e: Episode, o: Outcome, call: str) -> bool:
+def _failed(e: EnvEpisode, o: Outcome, call: str) -> bool:
     """Record an environment's failure on its episode; whether it failed."""
     if o.timed_out:
         e.end, e.error = "env_timeout", f"EnvTimeout: {call} took longer than the limit"
@@ -274,7 +267,7 @@ def _failed(e: Episode, o: Outcome, call: str) -> bool:
     return e.end in ("env_timeout", "env_error")
 
 
-def _invalid(e: Episode, call: str, err: Exception) -> None:
+def _invalid(e: EnvEpisode, call: str, err: Exception) -> None:
     """An environment's answer that cannot be used ends its episode, recorded."""
     e.end = "env_error"
     e.error = (f"EnvError: {call} returned what cannot be appended to the conversation "

@@ -10,8 +10,8 @@ from pydantic import Field
 from gfcr.core.engine import Engine, GenRequest, SamplingParams, SegmentHook, encode_prompt
 from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
 from gfcr.core.stage import StageSpec, StepContext, register
-from stages.generate.rows import (carried_output, continued_output, hold_unfinished_groups,
-                                  plan_samples, rollout_row, stable_id, to_table)
+from stages.generate.rows import (carried, continued, hold_unfinished_groups, plan_samples,
+                                  rollout_row, single_turn, stable_id, to_table)
 
 GENERATED = frozenset(ROLLOUT_SCHEMA.names) - {
     col.REWARD, col.REWARDS, col.SCORE_ERROR, col.ADVANTAGE, col.CONSUMED_AT_STEP} | {NEW_TOKENS}
@@ -85,7 +85,8 @@ def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
     ``prompts[i]`` is a plan row (its ``prompt`` is the text the policy sees) and
     ``samples[i]`` its samples as :func:`~stages.generate.rows.plan_samples` gives them: a
     sample with a ``finish_reason`` is carried over unchanged, any other one is generated
-    from its ``prefix_ids`` (empty: from scratch). Hooks that count groups (APRIL, ARRoL)
+    from its ``prefix_ids`` (empty: from scratch); a sample's first ``hint_tokens``
+    completion tokens are a forced turn (ConditionedSample's hints). Hooks that count groups (APRIL, ARRoL)
     are told each request's group first (``expect``), and a group with a stopped sample is
     held whole (:func:`~stages.generate.rows.hold_unfinished_groups`).
     """
@@ -109,9 +110,14 @@ def generate_groups(ctx: StepContext, prompts: list[dict[str, Any]],
     outputs = engine.generate(requests, params, on_segment)
     rows = []
     for p_idx, group_id, ids, sample, key in slots:
-        out = (carried_output(sample) if key is None
-               else continued_output(outputs[key], sample))
-        rows.append(rollout_row(ctx, prompts[p_idx], group_id, sample["sample_idx"], ids,
-                                out, engine, parent_id=sample["parent_id"],
-                                prefix_tokens=len(sample["prefix_ids"])))
+        if key is None:
+            made, completion, logprobs = (carried(sample), sample["prefix_ids"],
+                                          sample["prefix_logprobs"])
+        else:
+            out = outputs[key]
+            made, completion, logprobs = continued(out, sample), out.completion_ids, out.logprobs
+        traj = single_turn(ids, completion, logprobs, sample.get("hint_tokens") or 0)
+        rows.append(rollout_row(ctx, prompts[p_idx], group_id, sample["sample_idx"], traj,
+                                made, engine, parent_id=sample["parent_id"],
+                                new_tokens=len(completion) - len(sample["prefix_ids"])))
     return hold_unfinished_groups(rows)

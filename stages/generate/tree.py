@@ -55,7 +55,7 @@ from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, col
 from gfcr.core.stage import StageSpec, StepContext, register
 from stages.generate._policy import BranchPoint, branch_points
 from stages.generate.group import GENERATED
-from stages.generate.rows import rollout_row, stable_id, to_table
+from stages.generate.rows import Made, rollout_row, single_turn, stable_id, to_table
 
 BRANCH_POS = "branch_pos"
 """Extra column: index of a branch's first own token in ``completion_ids`` (null: root)."""
@@ -261,9 +261,12 @@ class _Forest:
                     stable_id(self.ctx.run_id, self.ctx.step, group, node.parent)
                 out: Any = node.out
                 pos = None if node.point is None else node.point.pos
-                rows.append(rollout_row(self.ctx, self.prompts[p], group, node.idx, self.ids[p],
-                                        out, self.engine, parent_id=parent,
-                                        prefix_tokens=pos or 0))
+                traj = single_turn(self.ids[p], out.completion_ids, out.logprobs)
+                made = Made(out.version_start, out.version_end, out.finish_reason,
+                            out.seconds, out.server)
+                rows.append(rollout_row(self.ctx, self.prompts[p], group, node.idx, traj, made,
+                                        self.engine, parent_id=parent,
+                                        new_tokens=len(out.completion_ids) - (pos or 0)))
                 branch.append(pos)
         table = to_table(rows)
         return table.append_column(pa.field(BRANCH_POS, pa.int32()), pa.array(branch, pa.int32()))

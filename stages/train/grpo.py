@@ -14,7 +14,7 @@ What the learner adds around the loss (:mod:`stages.train.loss`):
   :mod:`stages.train.masks`;
 - **upstream advantages**: D³S's whole-group ``d3s_advantage``, where a row carries one,
   replaces the estimator's advantage as is (loss, token ranking and stored
-  ``advantage``); see :func:`stages.train.masks.override_advantages`;
+  ``advantage``); see :meth:`stages.train.masks.BatchMarks.advantages`;
 - **off-policy correction** for replayed and stale rows: decoupled PPO with a truncated
   importance weight (AReaL, Fu et al. 2025; IMPALA, Espeholt et al. 2018); see
   :mod:`stages.train.offpolicy`;

@@ -138,10 +138,11 @@ class GRPOLearner:
 
     def _update(self, ctx: StepContext | None, batch: pa.Table) -> TrainResult:
         rewards = work_rows.rewards(batch, self.spec.label)
-        adv = self._advantages(batch, rewards)
+        marks = loss_masks.for_batch(batch, stage=self.spec.label)
+        adv = self._advantages(batch, rewards, marks)
         metrics = {"reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
                    "adv_abs_mean": float(np.abs(adv).mean()) if len(adv) else 0.0}
-        work = self.prepare(ctx, batch, adv)
+        work = self.prepare(ctx, batch, adv, marks)
         metrics.update(work.metrics)
         metrics["packing_waste"] = waste(work.prompts, work.completions,
                                          self._micro_batches(work))
@@ -166,28 +167,27 @@ class GRPOLearner:
         diagnostics and tests."""
         self.start_adapter()
         self._place()
-        adv = self._advantages(batch, work_rows.rewards(batch, self.spec.label))
-        work = self.prepare(ctx, batch, adv)
+        marks = loss_masks.for_batch(batch, stage=self.spec.label)
+        adv = self._advantages(batch, work_rows.rewards(batch, self.spec.label), marks)
+        work = self.prepare(ctx, batch, adv, marks)
         self.optimizer.zero_grad(set_to_none=True)
         return self._accumulate(work)[0] if work.prompts else 0.0
 
-    def prepare(self, ctx: StepContext | None, batch: pa.Table, adv: np.ndarray) -> Work:
+    def prepare(self, ctx: StepContext | None, batch: pa.Table, adv: np.ndarray,
+                marks: loss_masks.BatchMarks | None = None) -> Work:
         """The rows to train on with their loss masks, "old" logprobs, IS weights and
-        reference logprobs (no-grad forward passes at the current weights where needed)."""
+        reference logprobs (no-grad forward passes at the current weights where needed);
+        ``marks``: the batch's (:func:`stages.train.masks.for_batch`), read if not given."""
         spec, label = self.spec, self.spec.label
+        marks = marks or loss_masks.for_batch(batch, stage=label)
         self.policy.model.train()
         carries = spec.kl_coef > 0 or spec.entropy_coef > 0  # every row has a gradient
-        rows, prompts, completions, behaviour = work_rows.active_rows(
-            batch, loss_masks.with_turn_signal(batch, adv), label, carries)
-        hint = loss_masks.hint_masks(batch, rows, [len(c) for c in completions], stage=label)
-        keep = [i for i, m in enumerate(hint) if m.any()]
-        rows, prompts, completions = ([rows[i] for i in keep], [prompts[i] for i in keep],
-                                      [completions[i] for i in keep])
-        behaviour, hint = [behaviour[i] for i in keep], [hint[i] for i in keep]
+        rows, prompts, completions, behaviour, hint = work_rows.active_rows(
+            batch, marks.signal(adv), label, carries, marks.masks)
         version = ctx.policy_version if ctx is not None else self.policy.version
         stale = offpolicy.staleness(batch, rows, version)
         off = offpolicy.off_policy(batch, rows, stale)
-        ratio = loss_masks.keep_ratio(batch, stage=label)
+        ratio = marks.keep_ratio
         use_prox = spec.tis_cap is not None and bool(off.any())
         use_entropy = ratio is not None and ratio < 1.0
         forward = [i for i in range(len(rows)) if use_entropy or (use_prox and off[i])]
@@ -198,8 +198,7 @@ class GRPOLearner:
         work = Work(prompts=prompts, completions=completions, adv=row_adv, masks=masks,
                      old=[prox[i] if use_prox and off[i] else behaviour[i]
                           for i in range(len(rows))])
-        work.token_adv = loss_masks.token_advantages(batch, rows, row_adv,
-                                                     [len(c) for c in completions], stage=label)
+        work.token_adv = marks.token_advantages(rows, row_adv)
         if use_prox:
             work.weights = work_rows.is_weights(work, behaviour, off,
                                                 float(spec.tis_cap))  # type: ignore[arg-type]
@@ -227,12 +226,13 @@ class GRPOLearner:
         if self.lora is not None and self.lora.start():
             self.optimizer = self._new_optimizer()
 
-    def _advantages(self, batch: pa.Table, rewards: np.ndarray) -> np.ndarray:
+    def _advantages(self, batch: pa.Table, rewards: np.ndarray,
+                    marks: loss_masks.BatchMarks | None = None) -> np.ndarray:
         """The estimator's advantages over the batch's groups, replaced by the advantage
-        override on rows that carry one (:func:`stages.train.masks.override_advantages`)."""
+        override on rows that carry one (:meth:`stages.train.masks.BatchMarks.advantages`)."""
         adv = work_rows.estimated_advantages(batch, rewards, self.spec.advantage,
                                              self.spec.label)
-        return loss_masks.override_advantages(batch, adv, stage=self.spec.label)
+        return (marks or loss_masks.for_batch(batch, stage=self.spec.label)).advantages(adv)
 
     def _epoch(self, work: Work) -> dict[str, float]:
         """One optimizer step, gradients accumulated over micro-batches."""

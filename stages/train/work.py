@@ -32,7 +32,7 @@ class Work:
     ref: list[np.ndarray] | None = None
     """Reference-model logprobs, when ``kl_coef > 0``."""
     token_adv: list[np.ndarray] | None = None
-    """Per-token advantages (per-turn credit, stages.train.masks.token_advantages); None:
+    """Per-token advantages (per-turn credit, stages.train.masks.BatchMarks); None:
     ``adv``, one per row."""
     metrics: dict[str, float] = field(default_factory=dict)
     plans: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
@@ -48,12 +48,14 @@ def rewards(batch: pa.Table, label: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
-                 ) -> tuple[list[int], list[list[int]], list[list[int]], list[np.ndarray]]:
-    """(batch row, prompt ids, completion ids, behaviour logprobs) of rows with A != 0
-    (or, when ``every``, of all rows: a KL or entropy term gives A = 0 rows a gradient)
-    and at least one completion token."""
-    out: tuple[list, list, list, list] = ([], [], [], [])
+def active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool,
+                masks: list[np.ndarray]) -> tuple[list[int], list[list[int]], list[list[int]],
+                                                  list[np.ndarray], list[np.ndarray]]:
+    """(batch row, prompt ids, completion ids, behaviour logprobs, loss mask) of rows with
+    A != 0 (or, when ``every``, of all rows: a KL or entropy term gives A = 0 rows a
+    gradient) and at least one loss token (``masks``: every batch row's,
+    stages.train.masks.for_batch)."""
+    out: tuple[list, list, list, list, list] = ([], [], [], [], [])
     prompts = batch.column(col.PROMPT_IDS).to_pylist()
     completions = batch.column(col.COMPLETION_IDS).to_pylist()
     logprobs = batch.column(col.LOGPROBS).to_pylist()
@@ -61,9 +63,9 @@ def active_rows(batch: pa.Table, adv: np.ndarray, label: str, every: bool
         if len(logprobs[i]) != len(completions[i]):
             raise ValueError(f"{label}: batch row {int(i)!r} has {len(completions[i])!r} "
                              f"completion ids but {len(logprobs[i])!r} logprobs")
-        if completions[i]:
+        if completions[i] and masks[i].any():
             for seq, value in zip(out, (int(i), prompts[i], completions[i],
-                                        np.asarray(logprobs[i], np.float32))):
+                                        np.asarray(logprobs[i], np.float32), masks[i])):
                 seq.append(value)
     return out
 

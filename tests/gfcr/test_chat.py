@@ -6,7 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.core.chat import PlainFormat, TemplateFormat, Trajectory, chat_format
+from gfcr.core.chat import PlainFormat, TemplateFormat, chat_format
+from gfcr.core.trajectory import Trajectory
 from gfcr.core.engine import encode_prompt
 from gfcr.core.environment import Message, Tool
 from gfcr.core.rollout import TURNS_TYPE, loss_mask

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gfcr.core.chat import PlainFormat, TemplateFormat, Trajectory
+from gfcr.core.chat import PlainFormat, TemplateFormat
+from gfcr.core.trajectory import Trajectory
 from gfcr.core.chattext import JOINER, template_ids
 from gfcr.core.environment import Message
 from stages.engines.tiny import HFTokenizer

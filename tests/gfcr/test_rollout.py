@@ -101,6 +101,28 @@ def test_conform_keeps_given_turns_and_fills_only_missing_ones():
     assert [t["source"] for t in filled] == ["environment", "policy"]
 
 
+def test_conform_derives_the_flat_columns_from_the_turns_of_a_row_that_has_them():
+    from gfcr.core.trajectory import Trajectory
+
+    turns = (Trajectory().start_ids([1, 2]).add_policy([3], [-0.5])
+             .add_observation([9, 9], "tool", tool_name="python").add_policy([4], [-0.25]))
+    table = pa.Table.from_pylist([_row(rollout_id="a", completion_ids=[7], logprobs=[-9.0]),
+                                  _row(rollout_id="b", completion_ids=[7], logprobs=[-9.0])])
+    given = pa.array([turns.rows(), None], TURNS_TYPE)
+    out = conform(table.set_column(table.column_names.index("turns"), "turns", given))
+    assert out.column("prompt_ids").to_pylist() == [[1, 2], [1, 2]]
+    assert out.column("completion_ids").to_pylist() == [[3, 9, 9, 4], [7]]  # b: its own
+    assert out.column("logprobs").to_pylist() == [[-0.5, 0.0, 0.0, -0.25], [-9.0]]
+    only_turns = table.drop_columns(["prompt_ids", "completion_ids", "logprobs", "turns"])
+    out = conform(only_turns.append_column("turns", pa.array([turns.rows()] * 2, TURNS_TYPE)))
+    assert out.column("completion_ids").to_pylist() == [[3, 9, 9, 4]] * 2
+    bad = turns.rows()
+    bad[1]["logprobs"] = []
+    with pytest.raises(SchemaError, match="output of 'x': column 'turns': row 0: turn 1 has 0"):
+        conform(table.set_column(table.column_names.index("turns"), "turns",
+                                 pa.array([bad, None], TURNS_TYPE)), where="output of 'x'")
+
+
 def test_a_code_verdict_is_no_scorer_failure_in_python_or_sql():
     # a program that crashed or hit a limit is Wrong (reward 0, reason kept): the step's
     # warnings, the report's error share and the doctor count only scorer failures

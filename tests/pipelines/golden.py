@@ -63,9 +63,36 @@ def stored_rows(store_path: Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
+def flat_from_turns(store_path: Path) -> list[str]:
+    """Each stored row of the run whose flat token columns are not what its stored turns
+    give (gfcr.core.trajectory.flat, the one rule), or whose ``hint_tokens`` is not
+    its forced turn's length: the turns are the rollout's body, the flat columns derived."""
+    from gfcr.core.trajectory import flat
+    from store import RolloutStore
+
+    with RolloutStore.open(store_path, read_only=True) as store:
+        have = store.sql("SELECT * FROM rollouts LIMIT 0").column_names
+        hints = ", hint_tokens" if "hint_tokens" in have else ""
+        rows = store.sql(f"SELECT rollout_id, prompt_ids, completion_ids, logprobs, turns"
+                         f"{hints} FROM rollouts WHERE run_id = '{RUN_ID}'").to_pylist()
+    out = []
+    for row in rows:
+        derived = flat(row["turns"] or [])
+        forced = sum(len(t["token_ids"]) for t in row["turns"] or [] if t["source"] == "forced")
+        if (row["turns"] is None or derived.prompt_ids != row["prompt_ids"]
+                or derived.completion_ids != row["completion_ids"]
+                or not _same("logprobs", derived.logprobs, row["logprobs"])
+                or (row.get("hint_tokens") or 0) != forced):
+            out.append(f"{row['rollout_id']}: its flat columns are not its turns'")
+    return out
+
+
 def check(engine: str, pipeline: str, store_path: Path) -> None:
-    """Compare the run's stored rows with the golden file (or write it, on request)."""
+    """Compare the run's stored rows with the golden file (or write it, on request), and
+    check that their flat columns are their turns' (:func:`flat_from_turns`)."""
     path = GOLDEN / engine / f"{pipeline}.json"
+    apart = flat_from_turns(store_path)
+    assert not apart, f"{engine}/{pipeline}: " + "; ".join(apart[:5])
     rows = stored_rows(store_path)
     if os.environ.get("GFCR_WRITE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)

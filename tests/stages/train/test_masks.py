@@ -211,3 +211,36 @@ def test_a_non_finite_d3s_advantage_is_refused_naming_the_row():
     with pytest.raises(ValueError, match=r"grpo: batch row 1 has d3s_advantage=nan; it "
                                          r"must be finite, or null for none"):
         GRPO().learner(policy, seed=0).update(None, batch)
+
+
+def test_for_batch_reads_masks_turn_credit_and_overrides_in_one_place():
+    """stages.train.masks.for_batch: every row's loss mask from its turns (hint_tokens where
+    it has none), per-token turn advantages, advantage overrides and the token share."""
+    import pyarrow as pa
+
+    from gfcr.core.rollout import TURNS_TYPE
+    from gfcr.core.trajectory import Trajectory
+    from stages.train.masks import for_batch
+
+    episode = (Trajectory().start_ids([1]).force([2], [-0.1]).add_policy([3, 4], [-0.2, -0.3])
+               .add_observation([5], "tool").add_policy([6], [-0.4]))
+    batch = pa.table({
+        "completion_ids": pa.array([[2, 3, 4, 5, 6], [7, 8, 9]], pa.list_(pa.int32())),
+        "turns": pa.array([episode.rows(), None], TURNS_TYPE),
+        "hint_tokens": pa.array([0, 1], pa.int32()),
+        "turn_advantages": pa.array([[None, None, 0.5, None, None], None],
+                                    pa.list_(pa.float64())),
+        "d3s_advantage": pa.array([None, 2.0], pa.float64()),
+        "token_keep_ratio": pa.array([0.5, 0.25], pa.float64())})
+    marks = for_batch(batch)
+    assert [m.tolist() for m in marks.masks] == [[False, True, True, False, True],
+                                                 [False, True, True]]
+    assert marks.advantages(np.array([0.0, 1.0])).tolist() == [0.0, 2.0]
+    assert marks.signal(np.array([0.0, 0.0])).tolist() == [1.0, 0.0]  # row 0's turn credit
+    tokens = marks.token_advantages([0, 1], [-1.0, 2.0])
+    assert [t.tolist() for t in tokens] == [[-1.0, 0.5, 0.5, -1.0, -1.0], [2.0] * 3]
+    assert marks.keep_ratio == 0.5
+    short = batch.set_column(0, "completion_ids", pa.array([[2, 3], [7, 8, 9]],
+                                                           pa.list_(pa.int32())))
+    with pytest.raises(ValueError, match="batch row 0 has 5 completion tokens in its turns"):
+        for_batch(short)
