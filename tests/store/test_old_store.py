@@ -43,7 +43,7 @@ def test_the_old_run_resumes_and_is_reported(tmp_path: Path) -> None:
         version = s.sql("SELECT max(version) AS v FROM schema_versions")["v"].to_pylist()
     assert steps["step"].to_pylist() == [0, 1, 2]
     assert per_step["n"].to_pylist() == [16, 16, 16]
-    assert per_step["with_turns"].to_pylist() == [0, 0, 16]  # old rows stay as stored
+    assert per_step["with_turns"].to_pylist() == [16, 16, 16]  # old rows' turns stored (version 4)
     assert turns["n"].to_pylist() == [16, 16, 16] and version == [SCHEMA_VERSION]
     page = tmp_path / "report.html"
     report = cli.invoke(app, ["report", RUN, "--root", str(root), "--out", str(page)])
