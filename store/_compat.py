@@ -23,6 +23,7 @@ A store of the current version needs none of this, and gets no view.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import lru_cache
 
 import duckdb
@@ -52,7 +53,7 @@ def types(table: str) -> dict[str, str]:
         con.close()
 
 
-def derived_turns(columns: set[str] | dict[str, str]) -> str:
+def derived_turns(columns: Collection[str]) -> str:
     """SQL for a row's turns in its single-turn form, from the flat columns of a
     ``rollouts`` table with ``columns``, as ``gfcr.core.rollout.single_turns`` derives it:
     the prompt (user, environment), the first ``hint_tokens`` completion tokens as a
@@ -83,13 +84,15 @@ def views(con: duckdb.DuckDBPyConnection, version: int, alias: str = "lake") -> 
             "SELECT table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE database_name = ? ORDER BY column_index", [alias]).fetchall():
         present.setdefault(table, {})[name] = kind
-    selects = {table: _select(table, present.get(table), version, alias) for table in TABLES}
-    return {table: select for table, select in selects.items() if select is not None}
+    selects = {table: select(table, present.get(table), version, f"{alias}.{table}")
+               for table in TABLES}
+    return {table: sql for table, sql in selects.items() if sql is not None}
 
 
-def _select(table: str, have: dict[str, str] | None, version: int, alias: str) -> str | None:
-    """The view of ``table`` over a lake table with columns ``have`` (None: no such
-    table), or None where the table reads as it is."""
+def select(table: str, have: Collection[str] | None, version: int, source: str) -> str | None:
+    """A ``SELECT`` of today's ``table`` over ``source`` (the table of a store of schema
+    ``version``, or it as of an earlier snapshot) with columns ``have`` (None: no such
+    table), or None where it reads as it is."""
     want = types(table)
     if have is None:
         nulls = ", ".join(f"NULL::{kind} AS {quote_ident(name)}" for name, kind in want.items())
@@ -105,4 +108,4 @@ def _select(table: str, have: dict[str, str] | None, version: int, alias: str) -
         parts[list(want).index(col.TURNS)] = (
             f"coalesce(turns, {derived}) AS turns" if col.TURNS in have else f"{derived} AS turns")
     parts += [quote_ident(name) for name in have if name not in want]
-    return f"SELECT {', '.join(parts)} FROM {alias}.{table}"
+    return f"SELECT {', '.join(parts)} FROM {source}"

@@ -105,6 +105,22 @@ def test_version_4_stores_the_turns_the_old_store_read_with_and_changes_nothing_
     assert flat.column(col.TURNS).to_pylist() == derived.to_pylist()
 
 
+def test_a_resumed_run_reads_its_steps_from_before_the_migration_as_today_s(tmp_path: Path) -> None:
+    """History pinned to a step committed under version 1 (before the store was migrated,
+    as a resumed run reads it) reads today's rows: turns present, as stored since."""
+    from gfcr.core.row_filter import RowFilter
+    from store.history import History
+
+    folder = shutil.copytree(old_store.FIXTURE / "store", tmp_path / "v1")
+    with RolloutStore.open(folder) as s:
+        live = s.sql("SELECT rollout_id, turns FROM rollouts WHERE step = 1 ORDER BY rollout_id")
+        pinned = History(s, run_id=old_store.RUN_ID, as_of_step=1)
+        rows = pinned.rows(RowFilter(step_min=1), columns=["rollout_id", col.TURNS],
+                           order_by=(("rollout_id", "ascending"),))
+        assert pinned.group_stats(step=1).num_rows == 2
+    assert rows.to_pylist() == live.to_pylist() and rows.column(col.TURNS).null_count == 0
+
+
 def test_hinted_rows_read_and_migrate_as_conform_derived_them(tmp_path: Path) -> None:
     """Rows whose turns were not stored (made so here: a version 3 store with null
     ``turns``) read, and are stored by version 4, as ``gfcr.core.rollout`` derives them:
