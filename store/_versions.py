@@ -49,7 +49,7 @@ import pyarrow as pa
 from gfcr.core.rollout import ROLLOUT_SCHEMA, col
 
 from ._compat import TURNS_STORED, derived_turns
-from ._duck import quote_ident, rollback
+from ._duck import quote_ident, rollback, scalar
 from ._location import StoreError
 from ._tables import EVALUATIONS_SCHEMA, VERSIONS_SCHEMA, duckdb_types, lake_columns
 
@@ -80,9 +80,11 @@ _EVAL_COLUMNS = ("eval_set", "samples", "sample_temperature", "mean_reward", "pa
 
 def _store_turns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
     """Version 4: the single-turn form stored in every row that has no ``turns``."""
+    turns = quote_ident(col.TURNS)
+    if not scalar(con, f"SELECT count(*) FROM {alias}.rollouts WHERE {turns} IS NULL"):
+        return  # a new store, or one whose rows all have turns: nothing written
     derived = derived_turns(lake_columns(con, "rollouts", alias))
-    con.execute(f"UPDATE {alias}.rollouts SET {quote_ident(col.TURNS)} = {derived} "
-                f"WHERE {quote_ident(col.TURNS)} IS NULL")
+    con.execute(f"UPDATE {alias}.rollouts SET {turns} = {derived} WHERE {turns} IS NULL")
 
 
 MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection, str], None]] = {
