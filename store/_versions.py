@@ -12,21 +12,29 @@ and is version 1. Opening a store:
   and its ``schema_versions`` row in one transaction (a crash leaves the store at the
   version before or after, never between); migrations are idempotent, so two processes
   opening the store at once both succeed;
-- of an older version read-only reads it as it is: readers (the shipped views, replay's
-  reads) accept every older version's columns (``store.views``: the ``turns`` view derives
-  the turns of rows stored without them).
+- of an older version read-only reads it as this version, without writing to it:
+  ``store._compat`` presents today's tables over it (the turns of rows stored without
+  them derived, columns it lacks null).
 
 Versions:
 
 1. the store as gfcr wrote it before versions were recorded;
 2. ``rollouts.turns`` (``gfcr.core.rollout.TURN_TYPE``): the trajectory as turns. Rows stored
-   before keep a null ``turns``; every reader derives their single-turn form
-   (``gfcr.core.rollout.conform``, the ``turns`` view).
+   before kept a null ``turns`` until version 4.
 3. evaluations beyond greedy held-out accuracy: ``evaluations`` gains ``eval_set``,
    ``samples``, ``sample_temperature``, ``mean_reward`` and ``pass_at`` (null in older
    rows, whose ``eval_set`` is set to ``heldout``: the split they evaluated), and the ``eval_completions`` table holds every
    evaluated completion (``_tables.EVAL_COMPLETIONS_SCHEMA``; created with the other
    missing tables when the store is opened for writing).
+4. stored turns are the only source: every row stored without ``turns`` (the rows of
+   version 1) gets its single-turn form stored (``store._compat.derived_turns``, as
+   ``gfcr.core.rollout.single_turns`` derives it); no other column is changed, and
+   DuckLake keeps the rows as they were for time travel. It is one ``UPDATE`` of the rows
+   whose ``turns`` is null, so a migration interrupted before its commit left nothing
+   and runs again whole, and one run twice changes nothing.
+
+A store of an older version opened read-only reads as this version through
+``store._compat``.
 """
 
 from __future__ import annotations
@@ -40,11 +48,12 @@ import pyarrow as pa
 
 from gfcr.core.rollout import ROLLOUT_SCHEMA, col
 
-from ._duck import quote_ident, rollback
+from ._compat import TURNS_STORED, derived_turns
+from ._duck import quote_ident, rollback, scalar
 from ._location import StoreError
-from ._tables import EVALUATIONS_SCHEMA, VERSIONS_SCHEMA, duckdb_types
+from ._tables import EVALUATIONS_SCHEMA, VERSIONS_SCHEMA, duckdb_types, lake_columns
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The rollout schema version this gfcr writes and reads."""
 
 
@@ -67,8 +76,19 @@ def _add_eval_columns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
 _EVAL_COLUMNS = ("eval_set", "samples", "sample_temperature", "mean_reward", "pass_at")
 """The columns version 3 added to ``evaluations``."""
 
+
+
+def _store_turns(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """Version 4: the single-turn form stored in every row that has no ``turns``."""
+    turns = quote_ident(col.TURNS)
+    if not scalar(con, f"SELECT count(*) FROM {alias}.rollouts WHERE {turns} IS NULL"):
+        return  # a new store, or one whose rows all have turns: nothing written
+    derived = derived_turns(lake_columns(con, "rollouts", alias))
+    con.execute(f"UPDATE {alias}.rollouts SET {turns} = {derived} WHERE {turns} IS NULL")
+
+
 MIGRATIONS: dict[int, Callable[[duckdb.DuckDBPyConnection, str], None]] = {
-    2: _add_turns, 3: _add_eval_columns}
+    2: _add_turns, 3: _add_eval_columns, TURNS_STORED: _store_turns}
 """Version -> the statements that bring a store of the version before to it."""
 
 

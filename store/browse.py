@@ -6,8 +6,8 @@ SQL guard) with its values bound as parameters; a filter becomes a WHERE clause 
 from fixed fragments, one per :class:`RolloutQuery` field. Reads stay cheap on a store of
 millions of rows: the runs list and the live marker read the small ``runs``, ``steps``
 and ``evaluations`` tables only, and a page of rollouts reads short prefixes of the texts.
-A store written by an older gfcr (no ``turns``, ``server`` or ``error`` column) reads
-alike, with those values null.
+A store written by an older gfcr reads as today's (``store._compat``); the ``server``
+column, which only fleet runs write, reads as null where it is absent.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gfcr.core.browse import TEXT_CAP, RolloutPage, RolloutQuery
-from gfcr.core.rollout import with_turns
 
 from .lake import RolloutStore
 
@@ -54,8 +53,8 @@ WITH s AS (SELECT run_id, count(*) AS steps, max(step) AS last_step, sum(n_rollo
                   epoch(max(committed_at) - min(committed_at)) AS span,
                   arg_min(n_rollouts, step) AS first_rollouts
            FROM steps GROUP BY run_id),
-e AS ({evaluations})
-SELECT r.run_id, r.pipeline, r.status, r.started_at, r.finished_at, {error} AS error,
+e AS (SELECT run_id, arg_max(accuracy, step) AS accuracy FROM evaluations GROUP BY run_id)
+SELECT r.run_id, r.pipeline, r.status, r.started_at, r.finished_at, r.error,
        coalesce(s.steps, 0) AS steps, s.last_step, coalesce(s.rollouts, 0) AS rollouts, s.reward,
        coalesce(e.accuracy, s.step_accuracy) AS accuracy,
        CASE WHEN s.span > 0 THEN (s.rollouts - s.first_rollouts) / s.span END AS rollouts_per_s
@@ -69,43 +68,24 @@ _NO_KEYS = pa.table({"step": pa.array([], pa.int64()), "group_id": pa.array([], 
                      "sample_idx": pa.array([], pa.int32()), "rollout_id": pa.array([], pa.string()),
                      "reward": pa.array([], pa.float64())})
 
-_NO_EVALS = "SELECT NULL::VARCHAR AS run_id, NULL::DOUBLE AS accuracy WHERE false"
-
-
 class BrowseReads:
     """The live view's reads of ``store``; see gfcr.core.browse.BrowseReads."""
 
     def __init__(self, store: RolloutStore):
         self.store = store
         self._columns: list[str] | None = None
-        self._tables: set[str] | None = None
 
     def columns(self) -> list[str]:
         if self._columns is None:
             self._columns = list(self.store.sql("SELECT * FROM rollouts LIMIT 0").column_names)
         return self._columns
 
-    def _has_table(self, name: str) -> bool:
-        if self._tables is None:
-            self._tables = set(self.store.sql(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
-            ).column("table_name").to_pylist())
-        return name in self._tables
-
-    def _runs_has_error(self) -> bool:
-        return "error" in self.store.sql("SELECT * FROM runs LIMIT 0").column_names
-
     def runs_overview(self) -> pa.Table:
-        error = "r.error" if self._runs_has_error() else "NULL::VARCHAR"
-        evaluations = _NO_EVALS
-        if self._has_table("evaluations"):
-            evaluations = "SELECT run_id, arg_max(accuracy, step) AS accuracy FROM evaluations GROUP BY run_id"
-        return self.store.sql(_OVERVIEW.format(error=error, evaluations=evaluations))
+        return self.store.sql(_OVERVIEW)
 
     def marker(self, run_id: str) -> dict[str, Any] | None:
-        error = "error" if self._runs_has_error() else "NULL::VARCHAR"
         rows = self.store.sql(
-            f"SELECT status, {error} AS error, finished_at, "
+            "SELECT status, error, finished_at, "
             "(SELECT max(step) FROM steps WHERE run_id = $run) AS last_step, "
             "(SELECT count(*) FROM steps WHERE run_id = $run) AS steps "
             "FROM runs WHERE run_id = $run", {"run": run_id}).to_pylist()
@@ -132,13 +112,11 @@ class BrowseReads:
             "LIMIT $limit OFFSET $offset", {**params, "limit": query.limit, "offset": query.offset})
 
     def _shown(self) -> str:
-        """The table's columns (texts clipped; server and turns null where not stored)."""
-        have = set(self.columns())
-        server = "server" if "server" in have else "NULL::VARCHAR AS server"
-        turns = "len(turns)" if "turns" in have else "NULL::BIGINT"
+        """The table's columns (texts clipped; server null where not stored)."""
+        server = "server" if "server" in self.columns() else "NULL::VARCHAR AS server"
         return (f"rollout_id, step, group_id, sample_idx, prompt_id, left(prompt, {CLIP}) AS prompt, "
                 f"left(completion, {CLIP}) AS completion, reward, advantage, kept, dropped_by, drop_reason, "
-                f"n_tokens, finish_reason, status, policy_version_start, {server}, {turns} AS n_turns")
+                f"n_tokens, finish_reason, status, policy_version_start, {server}, len(turns) AS n_turns")
 
     def _wide(self, run_id: str, keys: pa.Table) -> pa.Table:
         """The table columns of the rows ``keys`` (``step``, ``rollout_id``) only: the scan
@@ -217,7 +195,7 @@ class BrowseReads:
                                {"run": run_id, "id": rollout_id})
         if not table.num_rows:
             return None
-        return dict(with_turns(table).to_pylist()[0])
+        return dict(table.to_pylist()[0])
 
     def children(self, run_id: str, rollout_id: str) -> pa.Table:
         return self.store.sql(
@@ -240,9 +218,6 @@ class BrowseReads:
             "WHERE run_id = $run AND NOT kept GROUP BY ALL ORDER BY n DESC LIMIT 50", {"run": run_id})
 
     def eval_completions(self, run_id: str, eval_set: str, labels: Sequence[str]) -> pa.Table:
-        if not self._has_table("eval_completions"):
-            return pa.table({name: pa.array([], pa.string()) for name in (
-                "label", "prompt_id", "prompt", "answer", "completion")})
         return self.store.sql(
             f"SELECT label, prompt_id, left(prompt, {4 * CLIP}) AS prompt, answer, "
             f"left(completion, {4 * CLIP}) AS completion, n_tokens, reward, correct, error "

@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from gfcr.core.row_filter import EVERY_ROW, Order, RowFilter
 
-from . import _rows
+from . import _compat, _rows
 from ._location import StoreError
 from .lake import RolloutStore
 from .views import EW_HALF_LIFE, view_query
@@ -78,6 +79,7 @@ class History:
         self.snapshot = as_of_snapshot
         self.half_life = half_life
         self._have: tuple[str, ...] | None = None
+        self._at_snapshot: str | None = None
 
     def __repr__(self) -> str:
         return f"History({self.store.uri!r}, run_id={self.run_id!r}, snapshot={self.snapshot!r})"
@@ -146,15 +148,38 @@ class History:
             raise TypeError(f"rows: filter must be a gfcr.core.row_filter.RowFilter, not "
                             f"{type(filter).__name__} (the store takes no SQL conditions)")
         have = self._columns() if columns is not None or order_by else ()
-        sql, params = _rows.query(f"lake.rollouts{self._at()}", filter, run_id=self.run_id,
+        sql, params = _rows.query(self._rollouts(), filter, run_id=self.run_id,
                                   have=have, columns=columns, order_by=order_by, limit=limit)
         return self.store.sql(sql, params)
 
     def _columns(self) -> tuple[str, ...]:
         """The rollouts table's columns at the snapshot (kept when pinned: they cannot change)."""
         if self._have is None or self.snapshot is None:
-            self._have = tuple(self.store.sql(f"SELECT * FROM lake.rollouts{self._at()} LIMIT 0").column_names)
+            self._have = tuple(self.store.sql(f"SELECT * FROM {self._rollouts()} LIMIT 0").column_names)
         return self._have
+
+    def _rollouts(self) -> str:
+        """``rollouts`` at the snapshot as today's schema: the live table (on an older store
+        read-only, the view store._compat made), or the table as of the snapshot, through
+        store._compat where the store's version then is older than today's (a resumed run
+        reads its steps from before the store was migrated)."""
+        if self.snapshot is None:
+            return "rollouts"
+        if self._at_snapshot is None:
+            at = f"lake.rollouts{self._at()}"
+            have = self.store.sql(f"SELECT * FROM {at} LIMIT 0").column_names
+            compat = _compat.select("rollouts", have, self._version(), at)
+            self._at_snapshot = at if compat is None else f"({compat})"
+        return self._at_snapshot
+
+    def _version(self) -> int:
+        """The store's schema version at the snapshot (store._versions; 1: none recorded)."""
+        try:
+            found = self.store.sql(f"SELECT max(version) AS v FROM lake.schema_versions{self._at()}")
+        except duckdb.Error:  # the table did not exist yet
+            return 1
+        value = found.column("v")[0].as_py()
+        return 1 if value is None else int(value)
 
     def _at(self) -> str:
         return "" if self.snapshot is None else f" AT (VERSION => {int(self.snapshot)})"
@@ -167,7 +192,8 @@ class History:
                          prompt_ids=None if prompt_ids is None else tuple(prompt_ids))
         terms, params = _rows.where(only, run_id=self.run_id)
         clause = f" WHERE {' AND '.join(terms)}" if terms else ""
-        return f"(SELECT * FROM lake.{table}{self._at()}{clause}) AS {table}", params
+        source = self._rollouts() if table == "rollouts" else f"lake.{table}{self._at()}"
+        return f"(SELECT * FROM {source}{clause}) AS {table}", params
 
     def _query(self, query: str, params: dict | None, schema: pa.Schema | None) -> pa.Table:
         table = self.store.sql(query, params or None)

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.core.rollout import col, with_turns
+from gfcr.core.rollout import col
 
 from . import _catalog, _commit, _evals, _tables, _validate, _versions
 from ._duck import Catalog, connect, rollback, scalar, with_retry
@@ -248,15 +248,15 @@ class RolloutStore:
             con.interrupt()
 
     def read_rollouts(self, where: str | None = None, params: list[Any] | None = None) -> pa.Table:
-        """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns);
-        rows stored before the store had turns (schema version 1) get their single-turn
-        form (gfcr.core.rollout.with_turns)."""
+        """Rollouts (optionally ``WHERE where``) as a table in ROLLOUT_SCHEMA (+ extra columns),
+        with their stored turns (a store older than that, read-only: their single-turn
+        form, store._compat)."""
         query = "SELECT * FROM rollouts" + (f" WHERE {where}" if where else "")
         if len(check_read_only(query)) != 1:
             raise ValueError(f"where clause {where!r} must not contain several statements")
         with self._lock:  # the sandboxed connection: ``where`` is SQL text
             table = self._query().execute(query, params).to_arrow_table()
-        return _tables.as_rollout_schema(with_turns(table))
+        return _tables.as_rollout_schema(table)
 
     def snapshots(self) -> pa.Table:
         """DuckLake's snapshot list (id, time, schema version, changes, author, message)."""

@@ -26,7 +26,7 @@ from .lake import RolloutStore
 from .views import VIEWS
 
 Format = Literal["parquet", "jsonl", "hf"]
-_TABLES = ("rollouts", "steps", "runs", *VIEWS)
+_TABLES = ("rollouts", "steps", "runs", "evaluations", "eval_completions", *VIEWS, "turns")
 _COPY_OPTIONS = {"parquet": "FORMAT parquet, COMPRESSION zstd", "jsonl": "FORMAT json"}
 
 

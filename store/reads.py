@@ -2,7 +2,9 @@
 report, the doctor, resume and the tracker read, with the SQL here, store-side.
 
 Every read is read-only, through the store's read connection, with its values bound as
-parameters; the per-run aggregates are the views of ``store.run_views``.
+parameters; the per-run aggregates are the views of ``store.run_views``. A store of an
+older schema version reads as today's (``store._compat``), so no read checks for columns
+an older gfcr did not write.
 """
 
 from __future__ import annotations
@@ -12,12 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.core.rollout import TURNS_TYPE
-
 from .lake import RolloutStore
 from .run_views import CHAT_PICKS, EPISODE_FIGURES, LOOP_ERROR, RUN_VIEWS
 
-_RUNS = ("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash, {error} AS error "
+_RUNS = ("SELECT run_id, pipeline, status, started_at, finished_at, spec_hash, error "
          "FROM runs ORDER BY started_at")
 
 _KIND = ("CASE WHEN NOT kept THEN 'dropped' WHEN reward >= 1 THEN 'right' "
@@ -39,8 +39,7 @@ class RunReads:
         return [str(r) for r in table.column("run_id").to_pylist()]
 
     def runs(self) -> pa.Table:
-        has_error = "error" in self.store.sql("SELECT * FROM runs LIMIT 0").column_names
-        return self.store.sql(_RUNS.format(error="error" if has_error else "NULL::VARCHAR"))
+        return self.store.sql(_RUNS)
 
     def steps(self, run_id: str, *, after: int | None = None) -> pa.Table:
         query = ("SELECT step, policy_version, n_rollouts, n_kept, metrics, committed_at FROM steps "
@@ -62,20 +61,11 @@ class RunReads:
         return self.store.sql(RUN_VIEWS[name], {"run": run_id})
 
     def evaluations(self, run_id: str) -> pa.Table:
-        tables = set(self.store.sql("SELECT table_name FROM duckdb_tables() "
-                                    "WHERE database_name = current_database()").column("table_name").to_pylist())
-        if "evaluations" in tables:
-            cols = set(self.store.sql(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'evaluations' "
-                "AND database_name = current_database()").column("column_name").to_pylist())
-            label = "coalesce(label, '')" if "label" in cols else "''"
-            order = "step, evaluated_at" if "evaluated_at" in cols else "step"
-            held = "AND coalesce(eval_set, 'heldout') = 'heldout'" if "eval_set" in cols else ""
-            found = self.store.sql(f"SELECT step, accuracy, {label} AS label "
-                                   f"FROM evaluations WHERE run_id = $run {held} ORDER BY {order}",
-                                   {"run": run_id})
-            if found.num_rows:
-                return found
+        found = self.store.sql("SELECT step, accuracy, coalesce(label, '') AS label FROM evaluations "
+                               "WHERE run_id = $run AND coalesce(eval_set, 'heldout') = 'heldout' "
+                               "ORDER BY step, evaluated_at", {"run": run_id})
+        if found.num_rows:
+            return found
         return self.store.sql(
             "SELECT step + 1 AS step, metrics['heldout_accuracy'] AS accuracy, "
             "'step=' || (step + 1)::VARCHAR AS label FROM steps "
@@ -103,10 +93,6 @@ class RunReads:
         return {**figures, "loop_error": loop[0] if loop else None}
 
     def chat_samples(self, run_id: str, n: int) -> pa.Table:
-        if "turns" not in self.rollout_columns():  # a store older than turns: single-turn rows
-            return pa.table({"rollout_id": pa.array([], pa.string()), "step": pa.array([], pa.int64()),
-                             "prompt": pa.array([], pa.string()), "reward": pa.array([], pa.float64()),
-                             "turns": pa.array([], TURNS_TYPE), "kind": pa.array([], pa.string())})
         picked = self.store.sql(CHAT_PICKS, {"run": run_id, "n": int(n)}).to_pylist()
         kinds = {r["rollout_id"]: r["kind"] for r in picked}
         rows = self.store.sql(

@@ -4,8 +4,9 @@ A DuckLake store is read by any DuckDB client of this version once three things 
 right, which :func:`statements` writes out: the ``ducklake`` extension and the catalog's
 extension loaded from the files the ``duckdb-extension-*`` packages ship (offline; the
 sqlite one must be loaded under the name ``sqlite_scanner``, which ``store._duck`` links it
-as), the catalog attached read-only, and the shipped views (``group_stats``,
-``prompt_history``, ...) created over it. gfcr reaches it through the store backend
+as), the catalog attached read-only, and the views created over it: the shipped ones
+(``group_stats``, ``prompt_history``, ``turns``, ...) and, for a store older than this
+gfcr, the ones that present today's tables over it (``store._compat``). gfcr reaches it through the store backend
 (gfcr.core.storage.StoreBackend.duckdb_script).
 """
 
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from ._duck import _attach_options, extension_path, quote_literal
+from ._duck import _attach_options, connect, extension_path, quote_literal
 from ._location import resolve
-from .views import VIEWS, view_query
+from .views import statements as view_statements
 
 
 def statements(uri: str | os.PathLike[str]) -> str:
@@ -23,10 +24,11 @@ def statements(uri: str | os.PathLike[str]) -> str:
     StoreError (no store there), FileNotFoundError or ImportError (an extension missing)."""
     catalog, _ = resolve(uri, data_path=None, read_only=True, create=False)
     extensions = [extension_path("ducklake"), extension_path(catalog.kind)]
-    views = [f"CREATE OR REPLACE TEMP VIEW {name} AS "
-             + " ".join(view_query(name, rollouts="lake.rollouts AS rollouts",
-                                   steps="lake.steps AS steps").split()) + ";"
-             for name in VIEWS]
+    con = connect(catalog, read_only=True)
+    try:
+        views = [" ".join(statement.split()) + ";" for statement in view_statements(con)]
+    finally:
+        con.close()
     lines = [
         f"-- gfcr store {os.fspath(uri)}: open it with `duckdb -init THIS_FILE` or paste it",
         "SET autoinstall_known_extensions = false;",
@@ -35,7 +37,7 @@ def statements(uri: str | os.PathLike[str]) -> str:
         *(f"LOAD {quote_literal(str(path))};" for path in extensions),
         f"ATTACH {quote_literal(catalog.attach_uri)} AS lake ({_attach_options(catalog, True)});",
         "USE lake;",
-        "-- the shipped views (store/views.py); tables: rollouts, steps, runs",
+        "-- the views (store/views.py, store/_compat.py); tables: rollouts, steps, runs, evaluations",
         *views,
     ]
     return "\n".join(lines)

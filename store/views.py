@@ -29,15 +29,16 @@ Definitions (the numbers replay and curriculum stages act on):
   ``n_loss_tokens`` (tokens in the loss: its mask's true entries, 0 for a turn without
   a mask), ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and
   ``logprob_sum`` (the sum of the turn's behaviour log-probabilities; null for a turn
-  without any, an environment's or a tool's). Rows stored before the store had turns
-  (schema version 1) are shown in their single-turn form, derived from ``prompt_ids``,
-  ``completion_ids``, ``logprobs`` and ``hint_tokens`` as ``gfcr.core.rollout.single_turns``
-  derives it, so the view reads every version's rows alike.
+  without any, an environment's or a tool's), from the stored ``turns`` (every row has
+  them from schema version 4; a store of an older version opened read-only reads its
+  rows' single-turn form, ``store._compat``).
 """
 
 from __future__ import annotations
 
 import duckdb
+
+from . import _compat, _versions
 
 EW_HALF_LIFE = 8.0
 """Default half-life, in steps, of the exponentially weighted pass rate."""
@@ -123,45 +124,20 @@ FROM (SELECT run_id, step, rollout_id, unnest(turns) AS t,
       FROM {rollouts} WHERE turns IS NOT NULL)
 """
 
-_DERIVED_TURNS = """
-SELECT run_id, step, rollout_id, turn, role, source, n_tokens::BIGINT AS n_tokens,
-       (CASE WHEN source = 'policy' THEN n_tokens ELSE 0 END)::BIGINT AS n_loss_tokens,
-       NULL::VARCHAR AS tool_name, NULL::VARCHAR AS tool_error, NULL::DOUBLE AS reward,
-       logprob_sum::DOUBLE AS logprob_sum
-FROM (
-    SELECT run_id, step, rollout_id, 0 AS turn, 'user' AS role, 'environment' AS source,
-           len(prompt_ids) AS n_tokens, NULL AS logprob_sum FROM old
-    UNION ALL
-    SELECT run_id, step, rollout_id, 1, 'assistant', 'forced', h,
-           coalesce(list_sum(logprobs[1:h]), 0.0) FROM old WHERE h > 0
-    UNION ALL
-    SELECT run_id, step, rollout_id, CASE WHEN h > 0 THEN 2 ELSE 1 END, 'assistant', 'policy',
-           len(completion_ids) - h, coalesce(list_sum(logprobs[h + 1:]), 0.0) FROM old
-)
-"""
-
-
-def turns_query(columns: set[str], rollouts: str = "lake.rollouts") -> str:
-    """The ``turns`` view's SQL over ``rollouts``, a table with ``columns``: stored turns
-    where rows have them, the single-turn form derived from the flat columns where not
-    (every row of a store that predates the ``turns`` column)."""
-    hint = "coalesce(hint_tokens, 0)" if "hint_tokens" in columns else "0"
-    null_turns = "WHERE turns IS NULL" if "turns" in columns else ""
-    old = (f"old AS (SELECT *, least(greatest({hint}, 0), len(completion_ids))::BIGINT AS h "
-           f"FROM {rollouts} {null_turns})")
-    derived = f"WITH {old} {_DERIVED_TURNS}"
-    if "turns" not in columns:
-        return derived
-    return f"{derived} UNION ALL {_STORED_TURNS.format(rollouts=rollouts)}"
+def statements(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> list[str]:
+    """``CREATE TEMP VIEW`` statements of every view over the live tables of lake
+    ``alias``: first, for a store older than this gfcr, the views that present today's
+    tables over it (``store._compat``), then the shipped views and ``turns`` over those."""
+    compat = _compat.views(con, _versions.version(con, alias), alias)
+    source = {t: (f"temp.main.{t}" if t in compat else f"{alias}.{t}") for t in ("rollouts", "steps")}
+    shipped = {name: view_query(name, rollouts=f"{source['rollouts']} AS rollouts",
+                                steps=f"{source['steps']} AS steps") for name in VIEWS}
+    shipped["turns"] = _STORED_TURNS.format(rollouts=source["rollouts"])
+    return [f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}"
+            for name, sql in {**compat, **shipped}.items()]
 
 
 def create_views(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> None:
-    """Create every view as a temporary view over the live tables of lake ``alias``."""
-    for name in VIEWS:
-        sql = view_query(name, rollouts=f"{alias}.rollouts AS rollouts", steps=f"{alias}.steps AS steps")
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
-    columns = {r[0] for r in con.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND "
-        "table_name = 'rollouts'", [alias]).fetchall()}
-    con.execute(f"CREATE OR REPLACE TEMP VIEW turns AS "
-                f"{turns_query(columns, f'{alias}.rollouts')}")
+    """Create every view (:func:`statements`) on connection ``con``."""
+    for statement in statements(con, alias):
+        con.execute(statement)
