@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the run's types, imported when a command runs (a fast --hel
     from gfcr.commands.warnings_log import WarningsLog
     from gfcr.launch.hooks import RunSummary
     from gfcr.launch.request import Launch, RunRequest
+    from gfcr.ui.server import UiServer
     from gfcr.transport.progress import ProgressBars
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -144,7 +145,7 @@ def _execute(launch: Launch, executor: str, bars: ProgressBars, root: Path,
         bars.close()
 
 
-def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
+def _start_ui(where: str | Path, port: int, run_id: str) -> UiServer:
     """``gfcr run --ui``: the UI server on the run's store, in a thread; its URL printed.
     The store is created by the run, so the server opens it on its first page."""
     from gfcr.commands.ui import start
@@ -327,7 +328,7 @@ def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple
             ("  GRPO's share", share(warm, after))]
 
 
-def _print_summary(s: Any, *, as_json: bool = False) -> None:
+def _print_summary(s: RunSummary, *, as_json: bool = False) -> None:
     """The run's summary: a table, or with ``as_json`` one JSON object (no history)."""
     if as_json:
         print(json.dumps({k: v for k, v in s.as_dict().items() if k != "history"}, default=str))

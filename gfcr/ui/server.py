@@ -117,7 +117,7 @@ class _Request(BaseHTTPRequestHandler):
     server: UiServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: a page per click
+    def log_message(self, format: str, *args: object) -> None:  # quiet: a page per click
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
@@ -179,7 +179,7 @@ class _Request(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        last: Any = None
+        last: object = None
         beat = time.monotonic()
         try:
             while not self.server.stopping.is_set():
@@ -198,7 +198,7 @@ class _Request(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-def _marker(ctx: Context, run_id: str) -> Any:
+def _marker(ctx: Context, run_id: str) -> object:
     """A run's marker, or (no run named) every run's (id, status, steps); an error's text."""
     try:
         if run_id:
