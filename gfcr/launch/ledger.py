@@ -32,3 +32,16 @@ def open_ledger(uri: str | os.PathLike[str], *, read_only: bool = False) -> RunL
     """The store at ``uri`` (created unless ``read_only``), as a run's launch writes it."""
     # the backend's protocol types what the runtime uses; the run's record is the launch's
     return cast(RunLedger, backend().open(uri, read_only=read_only, create=not read_only))
+
+
+def reason(exc: BaseException) -> str:
+    """Why a run failed, for the store's ``runs.error``: the exception, on one short line."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def code_version() -> str:
+    """What wrote the run (``runs.code_version``)."""
+    from importlib.metadata import version
+
+    return f"gfcr {version('gfcr')}"

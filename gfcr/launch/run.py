@@ -35,7 +35,7 @@ from gfcr.core.services import AdapterLearner
 from gfcr.core.stage import Task
 from gfcr.launch.build import build
 from gfcr.launch.hooks import RunSummary, emit
-from gfcr.launch.ledger import RunLedger, open_ledger
+from gfcr.launch.ledger import RunLedger, code_version, open_ledger, reason
 from gfcr.launch.placement import Placement, explicit, refuse_generate_pool, settle
 from gfcr.report.publish import end_of_run_page
 from gfcr.runner import checkpoint, resume, rounds
@@ -126,7 +126,7 @@ def _body(pipeline: Pipeline, placement: Placement, root: Path, run_id: str,
     def body(call: Call, start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
-                        spec_hash=pipeline.spec_hash(), code_version=_code_version())
+                        spec_hash=pipeline.spec_hash(), code_version=code_version())
         emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
               store=store)
         status, commits, error, rt = "failed", BackgroundCommits(start), None, None
@@ -140,10 +140,10 @@ def _body(pipeline: Pipeline, placement: Placement, root: Path, run_id: str,
             status = "finished"
             return summary
         except (RunCancelled, KeyboardInterrupt) as exc:
-            status, error = "cancelled", _reason(exc)
+            status, error = "cancelled", reason(exc)
             raise
         except BaseException as exc:
-            error = _reason(exc)
+            error = reason(exc)
             if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
                 status = "cancelled"
                 raise KeyboardInterrupt(f"stopped at once ({error})") from exc
@@ -356,15 +356,3 @@ def _cancel(run: _Run, last: int | None, progress: Progress, *, saved: bool) -> 
     elif last is not None:
         path = _checkpoint(run, last, progress)
     raise cancelled(run.run_id, last_step=last, checkpoint=path, reason=run.stop.reason)
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a run failed, for the store's ``runs.error``: the exception, on one short line."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= 500 else text[:497] + "..."
-
-
-def _code_version() -> str:
-    from importlib.metadata import version
-
-    return f"gfcr {version('gfcr')}"
