@@ -20,7 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gfcr.ui import pages_evals, pages_rollout, pages_rollouts, pages_runs
@@ -93,7 +93,7 @@ class UiServer(ThreadingHTTPServer):
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: object, client_address: object) -> None:
         """A browser that closed its connection early (a page left, a feed dropped) is
         normal here; nothing is printed."""
 
