@@ -5,7 +5,7 @@ then checks the Prefect API and the work pool, and only then creates or updates 
 deployment of :func:`gfcr.launch.flow.pipeline_flow`, named by module path so a worker on any
 host with gfcr installed imports it (no code upload). The deployment's parameters hold
 the validated spec as YAML (what the worker runs is what was checked), the run root, the
-store, the MLflow URI and the settled placement, as the flow's one ``request`` (a
+store and the MLflow URI, as the flow's one ``request`` (a
 deployment made before it took one is made again with ``gfcr deploy``); paths are made absolute, since a process worker runs each flow
 in a temporary folder. Job variables pass through to the work pool's job template (a
 process pool's ``env`` sets ``CUDA_VISIBLE_DEVICES``, which also selects the device
@@ -66,8 +66,7 @@ def deploy(ref: str, *, pool: str, name: str | None = None, cron: str | None = N
     url = _check_api()
     _check_pool(pool, url)
     request = RunRequest(pipeline=spec.to_yaml(), root=str(Path(root).resolve()),
-                         store=_absolute_store(store), tracking=tracking,
-                         placement=launch.placement)
+                         store=_absolute_store(store), tracking=tracking)
     parameters = {"request": request.model_dump(mode="json")}
     deployment = pipeline_flow.to_deployment(
         name=name or spec.name, interval=interval, cron=cron, parameters=parameters,

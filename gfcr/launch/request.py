@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
 
 from gfcr.core.loading import load
 from gfcr.core.pipeline import Pipeline
@@ -66,6 +66,12 @@ class RunRequest(BaseModel):
     placement: Placement = Placement()
     """Where the generator, learner and scorer run (gfcr.launch.placement): one source,
     settled with the pipeline's own ``learner``."""
+
+    @field_serializer("placement")
+    def _given(self, placement: Placement) -> dict[str, object]:
+        """Only what its sources set: a request that crosses Prefect as plain data keeps
+        a default as a default, not as a setting that could conflict with another."""
+        return placement.model_dump(mode="json", exclude_unset=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from gfcr import execute
 from gfcr.core.settings import LearnerPlacement
-from gfcr.launch.placement import (Placement, PlacementConflict, PlacementError, merge,
-                                   of_file, of_flags, settle)
+from gfcr.launch.placement import (Placement, PlacementConflict, PlacementError, explicit,
+                                   merge, of_file, of_flags, settle)
 from gfcr.launch.request import RunRequest, resolve, settled
 from gfcr.transport.fleet import Fleet
 from gfcr.transport.remote.pool import WorkerPool
@@ -76,7 +76,10 @@ def test_a_request_is_resolved_once_and_travels_settled(tmp_path: Path) -> None:
         urls=(URL,), timeout_s=20.0)
     plain = settled(launch)  # what the flow gets: the checked spec, no overrides
     assert plain.overrides == () and plain.run_id == launch.run_id
-    again = resolve(RunRequest.model_validate(plain.model_dump(mode="json")), None)
+    crossed = RunRequest.model_validate(plain.model_dump(mode="json"))  # Prefect's parameters
+    assert explicit(crossed.placement) == explicit(plain.placement)  # defaults stay defaults
+    assert RunRequest().model_dump(mode="json")["placement"] == {}
+    again = resolve(crossed, None)
     assert again.pipeline.spec_hash() == launch.pipeline.spec_hash()
     assert (again.placement, again.run_id) == (launch.placement, launch.run_id)
 
