@@ -97,9 +97,8 @@ def submit(deployment: str, *, overrides: Sequence[str] = (), resume: str | None
                 "`gfcr deploy PIPELINE --pool POOL --name NAME` (`prefect deployment ls` "
                 "lists them); nothing was submitted") from None
         defaults = dict((found.parameters or {}).get("request") or {})
-        request = RunRequest(**{**defaults, "overrides": (*defaults.get("overrides", ()),
-                                                          *overrides)},
-                             run_id=resume, resume=resume is not None)
+        request = RunRequest(**{**defaults, "run_id": resume, "resume": resume is not None,
+                                 "overrides": (*defaults.get("overrides", ()), *overrides)})
         launch = _checked(request)
         flow_run = client.create_flow_run_from_deployment(
             found.id, name=launch.run_id,
