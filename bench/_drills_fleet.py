@@ -18,6 +18,7 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 def a9(urls: list[str]) -> dict[str, Any]:
     from stages import GRPO, AgentEnv, TinyLlama, UniformSampler
+    from gfcr.launch.placement import Placement
     from gfcr.launch.run import execute
     from gfcr.transport.fleet import Fleet
     from tests.conftest import tiny_pipeline
@@ -33,7 +34,8 @@ def a9(urls: list[str]) -> dict[str, Any]:
     ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4"])
     with tempfile.TemporaryDirectory() as root:
         try:
-            execute(p, root=Path(root), executor="local", run_id="a9", fleet=Fleet(urls=tuple(urls)))
+            execute(p, root=Path(root), executor="local", run_id="a9",
+                    placement=Placement(generator=Fleet(urls=tuple(urls))))
         except BaseException as err:  # noqa: BLE001 - what the drill measures
             return {"drill": "A9 over-long conversation on a fleet", "ended_run": True,
                     "error": f"{type(err).__name__}: {str(err)[:200]}"}
@@ -68,9 +70,9 @@ def _kill_past_checkpoint(root: Path, urls: list[str]) -> int:
     from store import RolloutStore
 
     code = ("import runpy, sys; from pathlib import Path; from gfcr.launch.run import "
-            "execute; from gfcr.transport.fleet import Fleet; pipe = runpy.run_path("
+            "execute, Placement; from gfcr.transport.fleet import Fleet; pipe = runpy.run_path("
             "sys.argv[1])['fleet_pipeline']; execute(pipe(8), root=Path(sys.argv[2]), "
-            "executor='local', run_id='d6b', fleet=Fleet(urls=tuple(sys.argv[3:])))")
+            "executor='local', run_id='d6b', placement=Placement(generator=Fleet(urls=tuple(sys.argv[3:]))))")
     child = subprocess.Popen([sys.executable, "-c", code, __file__, str(root), *urls],
                              start_new_session=True, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, cwd=REPO,
@@ -97,6 +99,7 @@ def _kill_past_checkpoint(root: Path, urls: list[str]) -> int:
 def d6b(urls: list[str]) -> dict[str, Any]:
     """kill -9 of a fleet run after it committed steps past its last checkpoint, then a
     resume: the rows each replayed step trained on against the rows the store holds."""
+    from gfcr.launch.placement import Placement
     from gfcr.launch.run import execute
     from gfcr.runner.inprocess import LocalLearner
     from gfcr.transport.fleet import Fleet
@@ -115,7 +118,7 @@ def d6b(urls: list[str]) -> dict[str, Any]:
     LocalLearner.update = recording  # type: ignore[method-assign]
     try:
         summary = execute(fleet_pipeline(8), root=root, executor="local", run_id="d6b",
-                          fleet=Fleet(urls=tuple(urls)))
+                          placement=Placement(generator=Fleet(urls=tuple(urls))))
     finally:
         LocalLearner.update = update  # type: ignore[method-assign]
     with RolloutStore.open(root / "store", read_only=True) as s:

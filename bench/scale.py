@@ -59,10 +59,12 @@ def _pipeline(steps: int) -> Any:
 def _run(root: Path, steps: int, urls: tuple[str, ...] | None,
          key: Path | None = None) -> dict[str, Any]:
     from gfcr import execute
+    from gfcr.launch.placement import Placement
     from gfcr.transport.fleet import Fleet
 
     fleet = Fleet(urls=urls, key_file=str(key) if key else None) if urls else None
-    summary = execute(_pipeline(steps), root=root, executor="local", fleet=fleet)
+    summary = execute(_pipeline(steps), root=root, executor="local",
+                      placement=Placement(generator=fleet))
     steady = summary.history[1:]
     rows = summary.rollouts * len(steady) / len(summary.history)
     out: dict[str, Any] = {"rollouts_per_s": rows / sum(m["step_seconds"] for m in steady),

@@ -9,7 +9,7 @@ run needs them.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gfcr.core.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gfcr.core.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
                                  register)
     from gfcr.launch.hooks import RunSummary
+    from gfcr.launch.placement import Placement
     from gfcr.launch.run import execute
 
 _WHERE = {
@@ -36,6 +37,7 @@ _WHERE = {
     "gfcr.core.loading": ("load",),
     "gfcr.core.rollout": ("ROLLOUT_SCHEMA", "SchemaError", "col", "conform", "prompt_id"),
     "gfcr.launch.hooks": ("RunSummary",),
+    "gfcr.launch.placement": ("Placement",),
     "gfcr.launch.run": ("execute",),
     "gfcr.core.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
                       "WeightSync"),
@@ -47,7 +49,7 @@ _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 __all__ = [name for names in _WHERE.values() for name in names]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """Load a public name's module on first use and keep the name here."""
     module = _MODULE.get(name)
     if module is None:

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,13 @@ from rich.table import Table
 from gfcr.commands import (deploy as cli_deploy, export as cli_export, model as cli_model,
                            store as cli_store, workers as cli_workers)
 from gfcr.commands import replay as cli_replay
+
+if TYPE_CHECKING:  # the run's types, imported when a command runs (a fast --help)
+    from gfcr.commands.warnings_log import WarningsLog
+    from gfcr.launch.hooks import RunSummary
+    from gfcr.launch.request import Launch, RunRequest
+    from gfcr.ui.server import UiServer
+    from gfcr.transport.progress import ProgressBars
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gfcr: declarative GFCR rollout pipelines for LLM RL.")
@@ -70,10 +77,12 @@ def run(
     export: Optional[Path] = typer.Option(None, "--export", metavar="DIR", help=EXPORT_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show Prefect's logs."),
     generate_pool: Optional[str] = cli_workers.GENERATE_POOL,  # removed: fails naming --fleet
-    generate_timeout: float = typer.Option(600.0, help=cli_workers.POOL_TIMEOUT),
+    generate_timeout: Optional[float] = typer.Option(None, help=cli_workers.POOL_TIMEOUT),
     score_pool: Optional[str] = typer.Option(None, metavar="POOL", help=cli_workers.SCORE),
     fleet: list[str] = typer.Option([], "--fleet", metavar="URL", help=cli_workers.FLEET,
                                     callback=cli_workers.checked_fleet),
+    placement: Optional[Path] = typer.Option(None, "--placement", metavar="FILE",
+                                             help=cli_workers.PLACEMENT),
     ui: bool = typer.Option(False, "--ui", help="Serve `gfcr ui` on the run's store beside it "
                             "(127.0.0.1, --ui-port) and print its URL."),
     ui_port: int = typer.Option(8765, min=0, max=65535, help="Port of --ui (0: any free one)."),
@@ -83,21 +92,19 @@ def run(
     Ctrl-C or SIGTERM stops it after the step under way, checkpointed; a second at once."""
     quiet_prefect(verbose)
     from gfcr.launch.request import RunRequest
-    from gfcr.launch.run import new_run_id
 
-    spec = _run_spec(pipeline, steps, set_, resume, root, store, executor)
     _check_trackers(tracker if track else [])
     request = RunRequest(pipeline=pipeline if pipeline or resume else "default",
-                         overrides=tuple(set_), steps=steps, run_id=resume or new_run_id(spec),
+                         overrides=tuple(set_), steps=steps, run_id=resume,
                          resume=resume is not None, root=str(root.resolve()), store=store,
-                         tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=fleet, trackers=tuple(tracker),
+                         tracking=tracking, track=track, trackers=tuple(tracker),
                          export=None if export is None else str(export.resolve()))
+    launch = _launch(request, executor, placement, fleet, score_pool, generate_timeout)
     from gfcr.transport.progress import ProgressBars
-    bars = ProgressBars(spec.steps, console=err, quiet=as_json)
-    viewer = _start_ui(store or root / "store", ui_port, str(request.run_id)) if ui else None
+    bars = ProgressBars(launch.pipeline.steps, console=err, quiet=as_json)
+    viewer = _start_ui(store or root / "store", ui_port, launch.run_id) if ui else None
     try:
-        summary, warned = _execute(request, executor, bars, root, store, track)
+        summary, warned = _execute(launch, executor, bars, root, store, track)
     finally:
         if viewer is not None:
             viewer.shutdown()
@@ -107,9 +114,9 @@ def run(
         err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
 
 
-def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional[str],
-             track: bool) -> tuple[Any, Any]:
-    """Run ``request``; its summary and where its library warnings went (a log file under
+def _execute(launch: Launch, executor: str, bars: ProgressBars, root: Path,
+             store: Optional[str], track: bool) -> tuple[RunSummary, WarningsLog]:
+    """Run ``launch``; its summary and where its library warnings went (a log file under
     ROOT/runs/RUN_ID, not the terminal). A failure ends the command with its message."""
     from gfcr.commands import run as cli_run
     from gfcr.commands.errors import explain
@@ -121,14 +128,14 @@ def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional
     from gfcr.runner.resume import ResumeError
 
     try:
-        with warnings_to_log(root.resolve() / "runs" / str(request.run_id) / "warnings.log") as warned:
-            summary = cli_run.run(request, executor, hooks=[bars], notify=cli_run.stopping(err))
+        with warnings_to_log(root.resolve() / "runs" / launch.run_id / "warnings.log") as warned:
+            summary = cli_run.run(launch, executor, hooks=[bars], notify=cli_run.stopping(err))
         return summary, warned
     except RunCancelled as e:
         err.print(f"[yellow]cancelled:[/yellow] {e}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     except KeyboardInterrupt:
-        err.print(f"stopped at once; continue with: gfcr run --resume {request.run_id}")
+        err.print(f"stopped at once; continue with: gfcr run --resume {launch.run_id}")
         _exit_now(130)
     except (ResumeError, UnsafeName, RunExited) + backend().errors as e:  # LeaseHeld
         _fail(str(e))
@@ -138,8 +145,7 @@ def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional
         bars.close()
 
 
-
-def _start_ui(where: str | Path, port: int, run_id: str) -> Any:
+def _start_ui(where: str | Path, port: int, run_id: str) -> UiServer:
     """``gfcr run --ui``: the UI server on the run's store, in a thread; its URL printed.
     The store is created by the run, so the server opens it on its first page."""
     from gfcr.commands.ui import start
@@ -169,39 +175,40 @@ def _check_trackers(names: list[str]) -> None:
         _fail(str(e))
 
 
-def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
-              resume: Optional[str], root: Path, store: Optional[str], executor: str) -> Any:
-    """The pipeline ``gfcr run`` runs, with its overrides; a clear error otherwise."""
-    from gfcr.core.loading import load
+def _launch(request: RunRequest, executor: str, placement: Optional[Path],
+            fleet: list[str], score_pool: Optional[str],
+            timeout_s: Optional[float]) -> Launch:
+    """``gfcr run``'s request resolved, once: its pipeline (a resume's stored one when
+    none is named) with its overrides, and its placement settled from the pipeline, the
+    placement file and the flags (gfcr.launch.placement); a clear error otherwise."""
     from gfcr.core.names import UnsafeName, check_run_id
     from gfcr.core.pipeline import PipelineError
+    from gfcr.core.storage import backend
+    from gfcr.launch import placement as place
+    from gfcr.launch.ledger import open_ledger
+    from gfcr.launch.request import resolve
     from gfcr.runner.resume import ResumeError
     from gfcr.transport.executors import named
 
-    try:
-        if resume:
-            check_run_id(resume)
-        spec = _resumed_pipeline(root, store, resume) if resume else None
-        if pipeline is not None or spec is None:
-            spec = load(pipeline or "default")
-        spec = spec.with_overrides(set_ + ([f"steps={steps}"] if steps is not None else []))
-        named(executor)
-    except (PipelineError, ResumeError, UnsafeName, ValueError) as e:
-        _fail(str(e))
-    return spec
-
-
-def _resumed_pipeline(root: Path, store: Optional[str], run_id: str) -> Any:
-    """The stored pipeline of ``run_id`` (which must exist) in the store."""
-    from gfcr.core.storage import backend
-    from gfcr.runner.resume import stored_pipeline
-
     lake = backend()
     try:
-        with lake.open(store or root / "store", read_only=True, create=False) as s:
-            return stored_pipeline(s, run_id)
+        named(executor)
+        file = None if placement is None else place.of_file(placement)
+        sources = [*([file] if file else []),
+                   place.of_flags(fleet, score_pool, timeout_s, file)]
+        if not request.resume:
+            return resolve(request, None, sources)
+        check_run_id(request.run_id or "")
+        where = request.store or Path(request.root) / "store"
+        stored = open_ledger(where, read_only=True)
+        try:
+            return resolve(request, stored, sources)
+        finally:
+            stored.close()
     except lake.errors as e:
-        _fail(f"--resume {run_id!r}: {e}")
+        _fail(f"--resume {request.run_id!r}: {e}")
+    except (PipelineError, ResumeError, UnsafeName, ValueError) as e:
+        _fail(str(e))
 
 
 @app.command()
@@ -323,7 +330,7 @@ def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple
             ("  GRPO's share", share(warm, after))]
 
 
-def _print_summary(s: Any, *, as_json: bool = False) -> None:
+def _print_summary(s: RunSummary, *, as_json: bool = False) -> None:
     """The run's summary: a table, or with ``as_json`` one JSON object (no history)."""
     if as_json:
         print(json.dumps({k: v for k, v in s.as_dict().items() if k != "history"}, default=str))

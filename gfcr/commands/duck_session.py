@@ -9,13 +9,12 @@ for DuckLake). The UI is DuckDB's ``ui`` extension (package ``duckdb-extension-u
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import duckdb
 
 from gfcr.core import storage
 
-_KEEP: list[Any] = []  # the UI's connection lives as long as the process
+_KEEP: list[object] = []  # the UI's connection lives as long as the process
 
 
 class StoreSqlError(ValueError):

@@ -18,7 +18,7 @@ import posix
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import NoReturn
 
 class RunExited(RuntimeError):
     """Code the run called raised SystemExit: the run did not finish."""
@@ -31,7 +31,7 @@ UNFINISHED = 70
 @contextmanager
 def unfinished_exits_fail() -> Iterator[None]:
     """While the block runs, ``os._exit(0)`` in this process exits with UNFINISHED."""
-    real: Any = os._exit
+    real = os._exit
     owner = os.getpid()
 
     def _exit(status: int) -> NoReturn:

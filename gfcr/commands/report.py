@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:  # the doctor loads when the command runs
+    from gfcr.doctor.checks import Finding
 
 err = Console(stderr=True)
 out = Console()
@@ -68,7 +71,7 @@ def doctor(
         raise typer.Exit(1)
 
 
-def _print_findings(run_id: str, findings: list[Any]) -> None:
+def _print_findings(run_id: str, findings: list[Finding]) -> None:
     if not findings:
         out.print(f"gfcr doctor {run_id}: no finding")
         return

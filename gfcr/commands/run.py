@@ -13,55 +13,64 @@ from __future__ import annotations
 
 import inspect
 import signal
-from typing import Any, Callable
+from typing import Callable, Protocol, Sequence
 
 from gfcr.commands.exits import RunExited, unfinished_exits_fail
-from gfcr.launch.request import RunRequest, extra_hooks, run_request
+from gfcr.launch.hooks import RunSummary
+from gfcr.launch.request import Launch, RunRequest, extra_hooks, run_request, settled
 from gfcr.runner.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import Executor, PrefectExecutor, named
 
 
-def run(request: RunRequest, executor: str, *, hooks: list[Any],
-        notify: Callable[[str], None]) -> Any:
-    """The run's RunSummary; raises RunCancelled when it was stopped at a step boundary,
-    RunExited when code it ran exited (an ``os._exit(0)`` exits with
-    gfcr.commands.exits.UNFINISHED), and what the run raised when it failed."""
+def run(launch: Launch, executor: str, *, hooks: Sequence[object],
+        notify: Callable[[str], None]) -> RunSummary:
+    """The RunSummary of ``launch`` (a request resolved once: gfcr.launch.request);
+    raises RunCancelled when it was stopped at a step boundary, RunExited when code it
+    ran exited (an ``os._exit(0)`` exits with gfcr.commands.exits.UNFINISHED), and what
+    the run raised when it failed."""
     with unfinished_exits_fail():
         try:
-            return _run(request, named(executor), hooks=hooks, notify=notify)
+            return _run(launch, named(executor), hooks=hooks, notify=notify)
         except SystemExit as exc:  # code the run called exited: the run did not finish
             raise RunExited(f"the run did not finish: code it ran called exit({exc.code!r}); "
-                            f"continue with: gfcr run --resume {request.run_id}") from exc
+                            f"continue with: gfcr run --resume {launch.run_id}") from exc
 
 
-def _run(request: RunRequest, chosen: Executor, *, hooks: list[Any],
-         notify: Callable[[str], None]) -> Any:
+def _run(launch: Launch, chosen: Executor, *, hooks: Sequence[object],
+         notify: Callable[[str], None]) -> RunSummary:
     if isinstance(chosen, PrefectExecutor):
-        return _in_flow(request, hooks)
+        return _in_flow(settled(launch), hooks)
     stop = Stop(notify=notify)
     with on_signals(stop, last=True):
         try:
-            return run_request(request, chosen, stop=stop, hooks=tuple(hooks))
+            return run_request(launch.request, chosen, stop=stop, hooks=tuple(hooks),
+                               launch=launch)
         except Exception as exc:  # what the second signal interrupted raised, or the end
             if stop.at_once:      # at the boundary it reached meanwhile: stopped at once
                 raise KeyboardInterrupt(f"stopped at once ({type(exc).__name__})") from exc
             raise
 
 
-def stopping(console: Any) -> Callable[[str], None]:
+class Console(Protocol):
+    """Where ``gfcr run`` speaks (a rich Console)."""
+
+    def print(self, *objects: object) -> None: ...
+
+
+def stopping(console: Console) -> Callable[[str], None]:
     """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.runner.cancel)."""
     return lambda why: console.print(
         f"{why}: stopping after the step under way (again to stop at once)")
 
 
-def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
+def _in_flow(request: RunRequest, hooks: Sequence[object]) -> RunSummary:
     from gfcr.launch.flow import pipeline_flow  # Prefect: imported only for its executor
 
     _shielded_temporary_server()
     token = extra_hooks.set(tuple(hooks))
     try:
         named_flow = pipeline_flow.with_options(flow_run_name=request.run_id)
-        state = named_flow(**_parameters(request), return_state=True)
+        state = named_flow(request=request, return_state=True)
         # a sync flow called with return_state gives its State (never an awaitable here)
         assert not inspect.isawaitable(state)
     finally:
@@ -69,7 +78,9 @@ def _in_flow(request: RunRequest, hooks: list[Any]) -> Any:
     if state.is_cancelled():
         raise RunCancelled(state.message or f"run {request.run_id!r} cancelled",
                            run_id=request.run_id or "")
-    return state.result()
+    summary = state.result()
+    assert isinstance(summary, RunSummary)  # a finished flow returns the run's summary
+    return summary
 
 
 def _shielded_temporary_server() -> None:
@@ -93,10 +104,3 @@ def _shielded_temporary_server() -> None:
             SubprocessASGIServer().start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-def _parameters(request: RunRequest) -> dict[str, Any]:
-    data = request.model_dump()
-    data["overrides"] = list(data["overrides"])
-    data["trackers"] = list(data["trackers"])
-    return data

@@ -13,9 +13,10 @@ so the dead run stops looking alive in Prefect's UI too.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
+
+from gfcr.report.rows import Row
 
 PREFECT_LIMIT = 200
 """How many of the newest gfcr flow runs are read."""
@@ -71,7 +72,7 @@ def _unfinished(state: str) -> bool:
     return state.upper() in UNFINISHED
 
 
-def _crash(row: dict[str, Any], where: str | Path | None, note: str | None) -> tuple[str, str | None]:
+def _crash(row: Row, where: str | Path | None, note: str | None) -> tuple[str, str | None]:
     """Set the crashed run's unfinished flow runs to Crashed; (its state now, the note)."""
     from gfcr.transport.prefect_crash import crash_flow_runs
 

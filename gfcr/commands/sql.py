@@ -16,10 +16,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # pyarrow loads with the store, when a query runs
+    import pyarrow as pa
+
+    from gfcr.core.storage import Lease, RunStore
+    from gfcr.report.rows import Row
+
+T = TypeVar("T")
 
 FORMATS = ("table", "csv", "json")
 INTERRUPT_SECONDS = 30.0
@@ -36,14 +45,14 @@ def check_format(fmt: str) -> None:
         raise QueryFailed(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
-def query(where: str | Path, sql: str) -> Any:
+def query(where: str | Path, sql: str) -> pa.Table:
     """Run ``sql`` on the store at ``where`` (read-only); Ctrl-C interrupts it."""
     from gfcr.core.storage import backend
 
     lake = backend()
-    opened: list[Any] = []
+    opened: list[RunStore] = []
 
-    def work() -> Any:
+    def work() -> pa.Table:
         with lake.open(where, read_only=True, create=False) as s:
             opened.append(s)
             if stop.is_set():
@@ -85,20 +94,21 @@ def _interrupted(exc: BaseException) -> bool:
         isinstance(exc, duckdb.Error) and ("interrupted" in text or "connection already closed" in text))
 
 
-def interruptible(work: Callable[[], Any], interrupt: Callable[[], None],
-                  stop: threading.Event) -> Any:
+def interruptible(work: Callable[[], T], interrupt: Callable[[], None],
+                  stop: threading.Event) -> T:
     """``work()`` in a thread, with SIGINT (Ctrl-C) handled by this thread: it sets
     ``stop``, calls ``interrupt`` and raises KeyboardInterrupt once the work has ended.
     Every DuckDB call runs in the worker, so DuckDB never swaps the handler."""
-    result: dict[str, Any] = {}
+    done: list[T] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            result["value"] = work()
+            done.append(work())
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            result["error"] = e
+            failed.append(e)
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         stop.set()
         interrupt()
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -117,12 +127,12 @@ def interruptible(work: Callable[[], Any], interrupt: Callable[[], None],
         signal.signal(signal.SIGINT, previous)
     if stop.is_set():  # what the interrupted work raised (DuckDB: "interrupted", or
         raise KeyboardInterrupt  # "connection already closed" mid-open) is Ctrl-C's doing
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
-def runs_table(where: str | Path) -> Any:
+def runs_table(where: str | Path) -> pa.Table:
     """The store's runs, with ``status`` as a reader should see it: ``crashed`` for a run
     the store shows running whose lease is gone or stale."""
     import pyarrow as pa
@@ -151,14 +161,14 @@ def runs_table(where: str | Path) -> Any:
     return pa.Table.from_pylist(rows, schema=table.schema)
 
 
-def _crash_status(row: dict[str, Any], lease: Any) -> None:
+def _crash_status(row: Row, lease: Lease | None) -> None:
     why = "no process holds its lease" if lease is None else lease.stale()
     if why is not None:
         row["status"] = "crashed?"
         row["error"] = row["error"] or f"the process running it died ({why})"
 
 
-def print_table(table: Any, fmt: str, out: Console, *, keep: tuple[str, ...] = ()) -> None:
+def print_table(table: pa.Table, fmt: str, out: Console, *, keep: tuple[str, ...] = ()) -> None:
     """``table`` as a rich table, CSV (``\\n`` line ends) or JSON; ``keep``: columns a
     narrow terminal must not cut (run ids)."""
     rows = table.to_pylist()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from types import UnionType
-from typing import (TYPE_CHECKING, Annotated, Any, Literal, Optional, Union, get_args,
+from typing import (TYPE_CHECKING, Annotated, Literal, Optional, Union, get_args,
                     get_origin)
 
 import typer
@@ -82,7 +82,7 @@ def fields(cls: type[Spec]) -> Table:
     return table
 
 
-def type_name(annotation: Any) -> str:
+def type_name(annotation: object) -> str:
     """A readable type: ``int``, ``Literal['a', 'b']``, ``str | None``, ``tuple[str, ...]``."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:

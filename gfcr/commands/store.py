@@ -10,7 +10,7 @@ query) is gone; giving it says what replaced it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -53,10 +53,10 @@ def export(
 
 
 def _filters(run: Optional[str], step: Optional[str], kept: Optional[bool],
-             match: list[str]) -> dict[str, Any]:
+             match: list[str]) -> dict[str, object]:
     """The column -> value conditions the options ask for (values stay text where the
     store converts them to the column's type)."""
-    filters: dict[str, Any] = {}
+    filters: dict[str, object] = {}
     for item in match:
         column, sep, value = item.partition("=")
         if not sep or not column.strip():

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:  # the server loads when the command runs
+    from gfcr.ui.server import UiServer
 
 err = Console(stderr=True)
 
@@ -36,7 +39,7 @@ def ui(
         server.server_close()
 
 
-def start(store: str | Path, host: str, port: int, *, thread: bool = False) -> Any:
+def start(store: str | Path, host: str, port: int, *, thread: bool = False) -> UiServer:
     """The UI server on ``host:port`` over ``store``; started in a daemon thread if
     ``thread``. A port in use or an address that cannot be bound fails naming it."""
     from gfcr.ui import UiServer, serve

@@ -3,19 +3,23 @@ serve``: a fleet's inference server; ``gfcr run``'s help for both."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 POOL = "Removed (issue 24): generate on a fleet with --fleet URL (gfcr engine serve)."
-POOL_TIMEOUT = ("With --fleet: each request's deadline; with --score-pool: fail a step's "
-                "call no worker finished in this many s.")
+POOL_TIMEOUT = ("With a fleet: each request's deadline; with a score pool: fail a step's "
+                "call no worker finished in this many s (default: the fleet's 300, the "
+                "pool's 600).")
+PLACEMENT = ("A YAML file of where the generator, learner and scorer run (generator: a "
+             "fleet's urls..., learner: ranks..., scorer: a pool...; gfcr.launch.placement). "
+             "A setting given here and by the pipeline or a flag must agree.")
 SCORE = ("Run the scoring filter stages (Verify, ...) on the workers of POOL "
          "(gfcr engine-worker).")
 FLEET = ("Generate on the vLLM server at URL (started with `gfcr engine serve`; repeat "
          "for a fleet; its key: the file GFCR_FLEET_KEY_FILE names); --generate-timeout "
          "is each request's deadline.")
-"""``gfcr run``'s help for its score-pool and fleet options."""
+"""``gfcr run``'s help for its placement options (gfcr.launch.placement)."""
 
 
 def removed_generate_pool(pool: Optional[str]) -> Optional[str]:
@@ -43,7 +47,7 @@ def checked_fleet(urls: list[str]) -> list[str]:
         raise typer.BadParameter(str(e))
 
 
-GENERATE_POOL: Any = typer.Option(None, metavar="POOL", help=POOL, hidden=True,
+GENERATE_POOL: Optional[str] = typer.Option(None, metavar="POOL", help=POOL, hidden=True,
                                   callback=removed_generate_pool)
 """``gfcr run --generate-pool``: hidden, and refused when given (:func:`removed_generate_pool`)."""
 

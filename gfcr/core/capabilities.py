@@ -25,9 +25,13 @@ from __future__ import annotations
 
 from pathlib import Path
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from gfcr.core.engine import Engine, Policy
 from gfcr.core.stage import OnSegment, StageSpec
+
+if TYPE_CHECKING:  # services imports this module's neighbours; a handle is only named here
+    from gfcr.core.services import WeightHandle
 
 CAPABILITIES = frozenset({"segments", "continuation", "top_k", "teacher_forcing"})
 
@@ -38,7 +42,7 @@ class EngineSpec(Protocol):
 
     capabilities: ClassVar[frozenset[str]]
 
-    def build(self, policy: Any, *, seed: int) -> Any: ...
+    def build(self, policy: Policy, *, seed: int) -> Engine: ...
 
 
 @runtime_checkable
@@ -57,7 +61,7 @@ def needs(stage: StageSpec) -> frozenset[str]:
     return stage.engine_needs | extra
 
 
-def check_engine(engine: Any, stages: list[StageSpec], problems: list[str]) -> None:
+def check_engine(engine: object, stages: list[StageSpec], problems: list[str]) -> None:
     """Append one problem per stage whose needs the engine does not meet."""
     have = engine.capabilities if isinstance(engine, EngineSpec) else frozenset()
     # getattr: an engine spec's registry name, when it is a registered config
@@ -143,8 +147,8 @@ class EngineFleet(Protocol):
     also loads published weight versions (``load(folder, version, ident)``), sending the
     fleet's ``key`` with every call (None: servers without one, on loopback)."""
 
-    def fleet(self, policy: Any, urls: list[str], *, timeout_s: float, attempts: int,
-              notify: Any, key: bytes | None = None) -> Any: ...
+    def fleet(self, policy: Policy, urls: list[str], *, timeout_s: float, attempts: int,
+              notify: Callable[[str], None], key: bytes | None = None) -> Engine: ...
 
 
 @runtime_checkable
@@ -192,7 +196,7 @@ class AdapterWeights(Protocol):
         """Whether it trains an adapter (False: every weight, the methods below decline)."""
         ...
 
-    def adapter_handle(self, version: int) -> Any:
+    def adapter_handle(self, version: int) -> WeightHandle | None:
         """The adapter as a gfcr.core.services.WeightHandle; None while there is none (the
         policy's whole weights are then the handle)."""
         ...
@@ -214,7 +218,7 @@ class ExportsModel(Protocol):
     LoRA checkpoint is written); ``base(policy)`` rebuilds the base weights an adapter
     was trained on (the warm start) and is called only for an adapter checkpoint."""
 
-    def build(self, *, seed: int) -> Any: ...
+    def build(self, *, seed: int) -> Policy: ...
 
-    def export(self, policy: Any, weights: Path, out: Path, *, lora: str,
-               base: Callable[[Any], None]) -> list[str]: ...
+    def export(self, policy: Policy, weights: Path, out: Path, *, lora: str,
+               base: Callable[[Policy], None]) -> list[str]: ...

@@ -253,7 +253,7 @@ class Engine(Protocol):
         """Generate every request; outputs in request order."""
         ...
 
-    def update_weights(self, state: Any | None = None) -> int:
+    def update_weights(self, state: object | None = None) -> int:
         """The explicit weight sync, called by the in-process generator when it loads a
         learner's handle (gfcr.runner.inprocess.SameTensors): after an update, the warm start
         and a checkpoint restore. ``state`` (a state dict), when given, is loaded into the
@@ -277,7 +277,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
-def encode_prompt(coder: Any, text: str) -> list[int]:
+class Encodes(Protocol):
+    """What turns text into token ids: an engine or a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def encode_prompt(coder: Encodes, text: str) -> list[int]:
     """The ids of a task's prompt as the policy sees it. ``coder`` is an engine or a
     tokenizer; one with an ``encode_prompt`` method (a chat model's tokenizer: the prompt
     as a user message through the model's chat template, generation prompt added) uses

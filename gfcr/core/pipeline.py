@@ -13,24 +13,47 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, ClassVar, Iterable
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError, field_validator
 
 from gfcr.core import problems as collect
 
 from gfcr.core import names, overrides, yamlfile
 from gfcr.core.capabilities import check_engine
 from gfcr.core.composition import check_stages
-from gfcr.core.composition import check_stages
+from gfcr.core.engine import Engine, Policy
 from gfcr.core.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
                                 LearnerPlacement, RewardRange)
 from gfcr.core.sizes import check_sizes
-from gfcr.core.stage import REGISTRY, STAGE_ORDER, Spec, StageSpec, load_plugins, lookup
+from gfcr.core.stage import (REGISTRY, STAGE_ORDER, Spec, StageSpec, Task, load_plugins,
+                             lookup)
 
 COMPONENTS = ("task", "policy", "engine", "warmstart")
 """Pipeline fields resolved through the registry, by the kind of the same name."""
+
+
+class PolicyComponent(Protocol):
+    """A policy config: builds the trainable policy (its weights drawn under ``seed``)."""
+
+    def build(self, *, seed: int) -> Policy: ...
+
+
+class EngineComponent(Protocol):
+    """An engine config: builds the inference engine over a policy (capabilities and
+    other optional protocols: gfcr.core.capabilities)."""
+
+    def build(self, policy: Policy, *, seed: int) -> Engine: ...
+
+
+class WarmstartComponent(Protocol):
+    """A warm start config: trains the policy in place before the first step (e.g. SFT);
+    returns its figures."""
+
+    def run(self, policy: Policy, task: Task, *, seed: int, cache_dir: Path,
+            progress: Callable[[int, int], None] | None = None) -> Mapping[str, float]: ...
 
 
 class PipelineError(ValueError):
@@ -54,11 +77,13 @@ class Pipeline(Spec):
     seed: int = Field(0, ge=0, lt=2**32)
     """Seeds every random generator of the run (numpy and torch take 0 <= seed < 2**32)."""
     steps: int = Field(20, ge=1)
-    task: Any
-    policy: Any
-    engine: Any
-    warmstart: Any = None
-    stages: tuple[Any, ...]
+    # the components and stages are registered configs, resolved by _resolve (which
+    # reports every problem at once), so pydantic does not validate them again
+    task: SkipValidation[Task]
+    policy: SkipValidation[PolicyComponent]
+    engine: SkipValidation[EngineComponent]
+    warmstart: SkipValidation[WarmstartComponent | None] = None
+    stages: tuple[SkipValidation[StageSpec], ...]
     evaluation: Evaluation = Evaluation()
     checkpoint: Checkpointing = Checkpointing()
     max_staleness: int = Field(0, ge=0)
@@ -73,8 +98,9 @@ class Pipeline(Spec):
     """Where the train stage's learner runs: in this process, or sharded over ranks
     (gfcr.transport.sharded). Stored in the spec only when set, as ``max_staleness``."""
     nested_numbers: ClassVar[bool] = False  # the task and stages check their own
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # the component protocols
 
-    def __init__(self, **data: Any) -> None:
+    def __init__(self, **data: object) -> None:
         collection = collect.active()
         earlier = collection.take() if collection else []  # a .py file's invalid configs
         problems: list[str] = []
@@ -97,7 +123,7 @@ class Pipeline(Spec):
 
     @field_validator("stages", mode="before")
     @classmethod
-    def _listlike(cls, value: Any) -> Any:
+    def _listlike(cls, value: object) -> object:
         return tuple(value) if isinstance(value, list) else value
 
     # ------------------------------------------------------------------ views
@@ -118,7 +144,7 @@ class Pipeline(Spec):
         """Plain data (every default filled in); ``Pipeline(**d)`` rebuilds it."""
         out: dict[str, Any] = {"name": self.name, "seed": self.seed, "steps": self.steps}
         for key, value in _components(self).items():
-            out[key] = None if value is None else value.model_dump(mode="json")
+            out[key] = _dump(value)
         out["stages"] = [s.model_dump(mode="json") for s in self.stages]
         out["evaluation"] = self.evaluation.spec()
         out["checkpoint"] = self.checkpoint.model_dump(mode="json")
@@ -172,7 +198,12 @@ class Pipeline(Spec):
 # --------------------------------------------------------------------------- resolution
 
 
-def _resolve(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def _dump(value: object) -> object:
+    """A component as plain data (None stays None)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+def _resolve(data: dict[str, object], problems: list[str]) -> dict[str, object]:
     """Turn component and stage mappings into registered config instances."""
     data = dict(data)
     for key in COMPONENTS:
@@ -184,7 +215,7 @@ def _resolve(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     return data
 
 
-def _resolve_stage(index: int, value: Any, problems: list[str]) -> Any:
+def _resolve_stage(index: int, value: object, problems: list[str]) -> object:
     if isinstance(value, StageSpec):
         return value
     if not isinstance(value, dict):
@@ -205,8 +236,8 @@ def _resolve_stage(index: int, value: Any, problems: list[str]) -> Any:
     return value
 
 
-def _resolve_one(kind: str, value: Any, where: str, problems: list[str],
-                 path: tuple[Any, ...]) -> Any:
+def _resolve_one(kind: str, value: object, where: str, problems: list[str],
+                 path: tuple[str | int, ...]) -> object:
     if isinstance(value, Spec):
         return value
     if not isinstance(value, dict) or "type" not in value:
@@ -255,7 +286,7 @@ def check(p: Pipeline) -> list[str]:
     return problems
 
 
-def _components(p: Pipeline) -> dict[str, Any]:
+def _components(p: Pipeline) -> dict[str, object]:
     """The pipeline's components by field name (the order of COMPONENTS)."""
     return {"task": p.task, "policy": p.policy, "engine": p.engine, "warmstart": p.warmstart}
 

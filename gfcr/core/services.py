@@ -22,12 +22,15 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 
 from gfcr.core.settings import Sampled
-from gfcr.core.stage import Filter, Generate, OnSegment, StepContext, TrainResult
+from gfcr.core.stage import Filter, Generate, OnSegment, StepContext, Task, TrainResult
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 @runtime_checkable
@@ -39,7 +42,7 @@ class WeightHandle(Protocol):
         """The policy version: the count of updates (and warm starts) behind these weights."""
         ...
 
-    def state(self) -> Any:
+    def state(self) -> object:
         """The weights as tensors in this process (a state dict); the live ones while
         the learner does not update again (see :meth:`frozen`)."""
         ...
@@ -64,19 +67,19 @@ class WeightSync(Protocol):
     def send(self, handle: WeightHandle) -> None: ...
 
 
-class Pending(Protocol):
+class Pending(Protocol[T_co]):
     """Work under way: ``result()`` waits for it and raises what it raised."""
 
-    def result(self) -> Any: ...
+    def result(self) -> T_co: ...
 
 
 @dataclass
-class Done:
+class Done(Generic[T]):
     """A :class:`Pending` that is already finished."""
 
-    value: Any
+    value: T
 
-    def result(self) -> Any:
+    def result(self) -> T:
         return self.value
 
 
@@ -101,7 +104,7 @@ class Generator(Protocol):
         ...
 
     def submit(self, ctx: StepContext, gen: Generate, plan: pa.Table,
-               hooks: list[OnSegment]) -> Pending:
+               hooks: list[OnSegment]) -> Pending[pa.Table]:
         """Start ``gen`` on ``plan`` with the in-flight ``hooks``; the pending raw rollouts."""
         ...
 
@@ -110,7 +113,7 @@ class Generator(Protocol):
         submitted before keep theirs. Returns once the learner may update again."""
         ...
 
-    def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
+    def evaluate(self, task: Task, prompts: pa.Table, *, handle: WeightHandle,
                  max_tokens: int, progress: Callable[[int, int], None] | None,
                  sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         """Greedy accuracy with ``handle``'s weights and, with ``sampled``, mean reward

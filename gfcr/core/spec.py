@@ -16,7 +16,7 @@ that would only fail deep inside a run (``lr=inf`` turning the weights into NaN,
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
@@ -39,7 +39,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
                               use_attribute_docstrings=True, allow_inf_nan=False)
 
-    def __init__(self, **data: Any) -> None:
+    def __init__(self, **data: object) -> None:
         try:
             super().__init__(**data)
         except ValidationError as err:
@@ -51,7 +51,7 @@ class Spec(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _bounded_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+    def _bounded_numbers(cls, value: object, info: ValidationInfo) -> object:
         field = cls.model_fields.get(info.field_name or "")
         low, high = _own_bounds(field.metadata if field is not None else [])
         problem = _out_of_range(value, low, high) or (
@@ -61,14 +61,14 @@ class Spec(BaseModel):
         return value
 
 
-def _own_bounds(metadata: list[Any]) -> tuple[bool, bool]:
+def _own_bounds(metadata: list[object]) -> tuple[bool, bool]:
     """Whether a field declares its own lower and upper bound."""
     low = any(isinstance(m, (at.Ge, at.Gt)) for m in metadata)
     high = any(isinstance(m, (at.Le, at.Lt)) for m in metadata)
     return low, high
 
 
-def _out_of_range(value: Any, own_low: bool, own_high: bool) -> str | None:
+def _out_of_range(value: object, own_low: bool, own_high: bool) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):
@@ -82,9 +82,9 @@ def _out_of_range(value: Any, own_low: bool, own_high: bool) -> str | None:
     return None
 
 
-def _nested_problem(value: Any) -> str | None:
+def _nested_problem(value: object) -> str | None:
     """The first non-finite float or over-large int inside lists, tuples and mappings."""
-    todo = [value] if isinstance(value, (list, tuple, dict, set, frozenset)) else []
+    todo: list[object] = [value] if isinstance(value, (list, tuple, dict, set, frozenset)) else []
     while todo:
         item = todo.pop()
         if isinstance(item, dict):

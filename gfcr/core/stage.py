@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import field_validator
 
 from gfcr.core import names, storage
-from gfcr.core.engine import Decision, Engine, Flight, Inflight, SegmentHook
+from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy, SegmentHook
 from gfcr.core.spec import Spec
 from gfcr.core.storage import History, HistorySource
 
@@ -243,7 +243,7 @@ class Learner(Protocol):
 
 @runtime_checkable
 class Train(Stage, Protocol):
-    def learner(self, policy: Any, *, seed: int) -> Learner: ...
+    def learner(self, policy: Policy, *, seed: int) -> Learner: ...
 
 
 P = TypeVar("P", bound=Stage)

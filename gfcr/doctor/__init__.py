@@ -8,8 +8,8 @@ checks are in :mod:`gfcr.doctor.checks`, :mod:`gfcr.doctor.checks_more` and
 
 from __future__ import annotations
 
-from typing import Any
 
+from gfcr.core.storage import RunStore
 from gfcr.doctor.checks import CHECKS, Finding
 from gfcr.doctor.checks_agentic import AGENTIC
 from gfcr.doctor.checks_more import MORE
@@ -22,7 +22,7 @@ ALL_CHECKS = CHECKS + MORE + AGENTIC
 _ORDER = {"serious": 0, "warning": 1, "info": 2}
 
 
-def diagnose(store: Any, run_id: str) -> list[Finding]:
+def diagnose(store: RunStore, run_id: str) -> list[Finding]:
     """Findings for ``run_id`` in the open ``store``, most serious first (ReportError for
     an older store, an unknown run or one with no committed step)."""
     check_schema(store)

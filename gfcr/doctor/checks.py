@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from gfcr.doctor.facts import Facts
+from gfcr.report.rows import Row
 
 Severity = Literal["serious", "warning", "info"]
 
@@ -34,7 +35,7 @@ class Finding:
     steps: tuple[int, int]
     figures: dict[str, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Row:
         return asdict(self)
 
 

@@ -6,9 +6,10 @@ read-only, through ``StoreBackend.reads``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from gfcr.core.storage import RunStore
 from gfcr.report.data import RunData, aligned, load_run, reads
+from gfcr.report.rows import Row
 
 
 @dataclass
@@ -24,18 +25,18 @@ class Facts:
     partial: dict[str, list[float]] = field(default_factory=dict)
     """Per step: ``rewarded_wrong`` (share of rows with 0 < reward < 1) and
     ``wrong_reward_mass`` (their share of all positive reward)."""
-    repeated_wrong: list[dict[str, Any]] = field(default_factory=list)
+    repeated_wrong: list[Row] = field(default_factory=list)
     """Completions paid partial credit on the most distinct prompts."""
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[Row] = field(default_factory=list)
     """The commonest score errors with their counts."""
-    turns: dict[str, Any] = field(default_factory=dict)
+    turns: Row = field(default_factory=dict)
     """Multi-turn episodes' figures (``RunReads.episode_figures``; zeros for a single-turn run)."""
-    prompts: dict[str, Any] = field(default_factory=dict)
+    prompts: Row = field(default_factory=dict)
     """``sampled``, ``attempted``, ``never_solved`` (attempted >= 2 steps, no success),
     ``draws`` and, where the task can be rebuilt from the stored spec, ``train``."""
 
 
-def gather(store: Any, run_id: str) -> Facts:
+def gather(store: RunStore, run_id: str) -> Facts:
     """The run's data (ReportError for an unknown or empty run) and the doctor's extras."""
     run = load_run(store, run_id, samples=False)
     facts = Facts(run)
@@ -50,7 +51,7 @@ def gather(store: Any, run_id: str) -> Facts:
     return facts
 
 
-def _train_size(store: Any, run_id: str) -> int | None:
+def _train_size(store: RunStore, run_id: str) -> int | None:
     """How many training prompts the run's task has, from its stored spec (None when the
     spec's task cannot be rebuilt here, e.g. a plugin that is not installed)."""
     from gfcr.runner.resume import stored_pipeline

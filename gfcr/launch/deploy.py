@@ -5,7 +5,8 @@ then checks the Prefect API and the work pool, and only then creates or updates 
 deployment of :func:`gfcr.launch.flow.pipeline_flow`, named by module path so a worker on any
 host with gfcr installed imports it (no code upload). The deployment's parameters hold
 the validated spec as YAML (what the worker runs is what was checked), the run root, the
-store and the MLflow URI; paths are made absolute, since a process worker runs each flow
+store and the MLflow URI, as the flow's one ``request`` (a
+deployment made before it took one is made again with ``gfcr deploy``); paths are made absolute, since a process worker runs each flow
 in a temporary folder. Job variables pass through to the work pool's job template (a
 process pool's ``env`` sets ``CUDA_VISIBLE_DEVICES``, which also selects the device
 concurrency limit, :func:`gfcr.launch.flow.device_slot`).
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from gfcr.core.pipeline import Pipeline
-from gfcr.launch.flow import RunRequest, open_store, pipeline_flow, resolve
+from gfcr.launch.flow import pipeline_flow
+from gfcr.launch.request import Launch, RunRequest, open_store, resolve, settled
 from gfcr.transport.executors import FLOW_NAME
 
 
@@ -60,11 +61,13 @@ def deploy(ref: str, *, pool: str, name: str | None = None, cron: str | None = N
 
     if cron is not None and interval is not None:
         raise DeployError("give --cron or --interval, not both")
-    spec = resolve(RunRequest(pipeline=ref, overrides=tuple(overrides), steps=steps), None)
+    launch = resolve(RunRequest(pipeline=ref, overrides=tuple(overrides), steps=steps), None)
+    spec = launch.pipeline
     url = _check_api()
     _check_pool(pool, url)
-    parameters = {"pipeline": spec.to_yaml(), "root": str(Path(root).resolve()),
-                  "store": _absolute_store(store), "tracking": tracking}
+    request = RunRequest(pipeline=spec.to_yaml(), root=str(Path(root).resolve()),
+                         store=_absolute_store(store), tracking=tracking)
+    parameters = {"request": request.model_dump(mode="json")}
     deployment = pipeline_flow.to_deployment(
         name=name or spec.name, interval=interval, cron=cron, parameters=parameters,
         work_pool_name=pool, job_variables=job_variables or {},
@@ -83,8 +86,6 @@ def submit(deployment: str, *, overrides: Sequence[str] = (), resume: str | None
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from gfcr.launch.run import new_run_id
-
     full = deployment if "/" in deployment else f"{FLOW_NAME}/{deployment}"
     url = _check_api()
     with get_client(sync_client=True) as client:
@@ -95,20 +96,17 @@ def submit(deployment: str, *, overrides: Sequence[str] = (), resume: str | None
                 f"no deployment {full!r} at the Prefect API {url}: create it with "
                 "`gfcr deploy PIPELINE --pool POOL --name NAME` (`prefect deployment ls` "
                 "lists them); nothing was submitted") from None
-        defaults = {k: v for k, v in (found.parameters or {}).items()
-                    if k in RunRequest.model_fields}
-        request = RunRequest(**{**defaults, "overrides": (*defaults.get("overrides", ()),
-                                                          *overrides)},
-                             run_id=resume, resume=resume is not None)
-        spec = _checked(request)
-        run_id = resume or new_run_id(spec)
+        defaults = dict((found.parameters or {}).get("request") or {})
+        request = RunRequest(**{**defaults, "run_id": resume, "resume": resume is not None,
+                                 "overrides": (*defaults.get("overrides", ()), *overrides)})
+        launch = _checked(request)
         flow_run = client.create_flow_run_from_deployment(
-            found.id, name=run_id, parameters={"overrides": list(request.overrides),
-                                               "run_id": run_id, "resume": request.resume})
-    return Submitted(run_id, str(flow_run.id), full)
+            found.id, name=launch.run_id,
+            parameters={"request": settled(launch).model_dump(mode="json")})
+    return Submitted(launch.run_id, str(flow_run.id), full)
 
 
-def _checked(request: RunRequest) -> Pipeline:
+def _checked(request: RunRequest) -> Launch:
     """The request's pipeline, validated; with ``resume``, also checked against the run
     the store holds (which must exist). Reads only."""
     from gfcr.runner import resume
@@ -126,9 +124,9 @@ def _checked(request: RunRequest) -> Pipeline:
             raise resume.ResumeError(
                 f"no run {request.run_id!r} in store {store.uri!r} to resume (`gfcr runs "
                 f"--store {store.uri}` lists the runs); nothing was submitted")
-        spec = resolve(request, store)
-        resume.check(store, request.run_id, spec)
-        return spec
+        launch = resolve(request, store)
+        resume.check(store, request.run_id, launch.pipeline)
+        return launch
     finally:
         store.close()
 

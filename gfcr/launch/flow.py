@@ -4,8 +4,8 @@
 deploy``) names it by module path (``gfcr.launch.flow.pipeline_flow``), so a Prefect worker on
 any host with gfcr installed runs the same code. The parameters say which pipeline (a
 ready name, a ``.py``/``.yaml`` path, or the YAML of a spec), what to override, the run
-id and where the store, the run root and MLflow live (:class:`RunRequest`); nothing in
-them is a live object, so they survive the Prefect API and a deployment's defaults.
+id, where the store, the run root and MLflow live and where the services run
+(:class:`RunRequest`, the flow's one parameter); nothing in it is a live object, so they survive the Prefect API and a deployment's defaults.
 
 While the flow runs it stops cleanly when asked (:mod:`gfcr.runner.cancel`): on the first
 SIGINT/SIGTERM (what a worker sends when the flow run is cancelled from the UI, the CLI
@@ -24,15 +24,17 @@ import os
 import socket
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Iterator
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
+from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 
 from gfcr.core.pipeline import PipelineError
-from gfcr.launch.request import (RunRequest, _generation, extra_hooks, open_store,
-                                 pipeline_from, resolve, run_request)
+from gfcr.launch.hooks import RunSummary
+from gfcr.launch.request import (RunRequest, extra_hooks, open_store, pipeline_from, resolve,
+                                 run_request, settled)
 from gfcr.runner.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import FLOW_NAME, PrefectExecutor
 
@@ -40,19 +42,9 @@ CANCEL_POLL_SECONDS = 5.0
 """How often a running flow asks the Prefect API whether it was cancelled."""
 
 @flow(name=FLOW_NAME, persist_result=False, log_prints=False)
-def pipeline_flow(pipeline: str | None = None, overrides: list[str] | None = None,
-                  steps: int | None = None, run_id: str | None = None, resume: bool = False,
-                  root: str = ".gfcr", store: str | None = None, tracking: str | None = None,
-                  track: bool = True, generate_timeout: float = 600.0,
-                  score_pool: str | None = None, fleet: list[str] | None = None,
-                  trackers: list[str] | None = None, export: str | None = None) -> Any:
-    """Run a gfcr pipeline (see RunRequest for the parameters); its summary, or the state
+def pipeline_flow(request: RunRequest = RunRequest()) -> RunSummary | State:
+    """Run a gfcr pipeline (``request``: see RunRequest); its summary, or the state
     Cancelled when the run was stopped at a step boundary."""
-    request = RunRequest(pipeline=pipeline, overrides=tuple(overrides or ()), steps=steps,
-                         run_id=run_id, resume=resume, root=root, store=store,
-                         tracking=tracking, track=track, generate_timeout=generate_timeout,
-                         score_pool=score_pool, fleet=tuple(fleet or ()),
-                         trackers=tuple(trackers or ("mlflow",)), export=export)
     logger = get_run_logger()
     stop = Stop(notify=lambda why: logger.warning(
         "stopping after the step under way (%s); a second signal stops at once", why))
@@ -144,5 +136,5 @@ def device_slot() -> Iterator[None]:
         yield
 
 
-__all__ = ["PipelineError", "RunRequest", "_generation", "extra_hooks", "open_store",
-           "pipeline_flow", "pipeline_from", "resolve", "run_request"]
+__all__ = ["PipelineError", "RunRequest", "extra_hooks", "open_store", "pipeline_flow",
+           "pipeline_from", "resolve", "run_request", "settled"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Iterable, Protocol
 
 from gfcr.core.pipeline import Pipeline
+from gfcr.core.storage import RunStore
 
 
 class Hook(Protocol):
@@ -22,38 +23,38 @@ class Hook(Protocol):
     """
 
     def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool,
-                 store: Any, **kw: Any) -> None:
+                 store: RunStore, **kw: object) -> None:
         """``resumed``: the run id is an existing run, which this call continues;
         ``store``: the run's open RolloutStore."""
 
-    def on_resume(self, *, step: int, path: Path, **kw: Any) -> None:
+    def on_resume(self, *, step: int, path: Path, **kw: object) -> None:
         """A resumed run loaded the checkpoint after ``step`` from ``path``."""
 
-    def on_phase(self, *, phase: str, **kw: Any) -> None: ...
+    def on_phase(self, *, phase: str, **kw: object) -> None: ...
 
-    def on_progress(self, *, phase: str, done: int, total: int, **kw: Any) -> None:
+    def on_progress(self, *, phase: str, done: int, total: int, **kw: object) -> None:
         """``done`` of ``total`` units of a counted phase (warm start steps, evaluated
         prompts); see gfcr.transport.progress."""
 
-    def on_warning(self, *, message: str, count: int, **kw: Any) -> None:
+    def on_warning(self, *, message: str, count: int, **kw: object) -> None:
         """An error repeated ``count`` times in one batch (a scorer's), reported once."""
 
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
-                cpu: dict[str, float], **kw: Any) -> None:
+                cpu: dict[str, float], **kw: object) -> None:
         """``replayed``: a step of a resumed run that was committed before (see
         gfcr.runner.resume); its metrics were reported when it first ran. ``cpu``: each stage's
         CPU seconds (gfcr.runner.loop.StageClock); its wall seconds are ``time/<stage>``
         metrics."""
 
-    def on_eval(self, *, step: int, accuracy: float, **kw: Any) -> None:
+    def on_eval(self, *, step: int, accuracy: float, **kw: object) -> None:
         """Greedy ``accuracy`` of an evaluation after ``step`` steps; ``label`` (``initial``,
         ``step=N``), ``eval_set`` (``heldout`` or an ``Evaluation.sets`` name) and
         ``metrics`` (``accuracy``, and ``mean_reward``, ``pass@k`` of a sampled one)."""
 
-    def on_end(self, *, summary: "RunSummary", status: str, **kw: Any) -> None: ...
+    def on_end(self, *, summary: "RunSummary", status: str, **kw: object) -> None: ...
 
 
-def emit(hooks: list[Any], method: str, **kw: Any) -> None:
+def emit(hooks: Iterable[object], method: str, **kw: object) -> None:
     for hook in hooks:
         # getattr: hooks are keyword-only objects whose methods are all optional
         fn = getattr(hook, method, None)
@@ -85,6 +86,6 @@ class RunSummary:
     report: str | None = None
     """The run's report page (gfcr.report.publish), written at its end."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         # getattr: the summary's own dataclass fields, by name
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -1,41 +1,73 @@
-"""Where a run's work runs: the :class:`gfcr.core.services.Services` built for a run.
+"""Where a run's three services run: one typed :class:`Placement`, resolved once at launch.
 
-- in-process (no pool): the engine shares the learner's policy; with
-  ``max_staleness > 0`` it gets a policy of its own and a thread to generate on while
-  the learner updates (gfcr.runner.inprocess.LocalGenerator);
-- a fleet (gfcr.transport.fleet.Fleet): the inference engine's own servers generate and
-  evaluate, weights reach them by version; no engine is built in this process. The only
-  way generation leaves the run's process: the engine-worker generate path
-  (``--generate-pool``) was removed in issue 24 (:class:`GeneratePoolRemoved`);
-- a score pool: the scoring filter stages run on a pool's workers
-  (gfcr.transport.remote.scoring);
-- a sharded learner (``learner.ranks > 0``): the train stage's learner runs on FSDP2
-  processes (gfcr.transport.sharded); the run's policy is then the engine's own, loaded from the
-  versions the ranks publish.
+A run has a generator, a learner and a scorer (gfcr.core.services). Each runs in the
+run's own process unless its placement says otherwise:
+
+- ``generator``: a fleet of vLLM servers by URL (:class:`gfcr.transport.fleet.Fleet`,
+  started with ``gfcr engine serve``); None: the pipeline's engine in this process;
+- ``learner``: sharded with FSDP2 over ``ranks`` processes on this host
+  (:class:`gfcr.core.settings.LearnerPlacement`, gfcr.transport.sharded); ``ranks=0``:
+  in this process;
+- ``scorer``: the scoring filter stages on a score pool's workers
+  (:class:`gfcr.transport.remote.pool.WorkerPool`, ``gfcr engine-worker``); None: here.
+
+(The run's own process is placed by Prefect: ``gfcr deploy --pool`` puts the flow on a
+work pool's workers, gfcr.launch.deploy.)
+
+A placement can be given from four sources:
+
+1. the pipeline: its ``learner`` field (``--set learner.ranks=2`` included);
+2. a placement file: ``gfcr run --placement FILE``, YAML with the fields of
+   :class:`Placement`;
+3. ``gfcr run``'s flags: ``--fleet URL``, ``--score-pool POOL``, ``--generate-timeout S``
+   (the deadline of the fleet's requests and of the pool's calls, wherever those come
+   from);
+4. Python: ``execute(pipeline, placement=Placement(...))`` or ``RunRequest.placement``.
+
+**Precedence: a setting takes the value of the one source that gives it, and its
+default when none does; no source outranks another.** Two sources that give one
+setting (``generator.urls``, ``learner.ranks``, ``scorer.timeout_s``...) different
+values are refused before the run starts, with :class:`PlacementConflict` naming both
+sources and both values; giving the same value twice is fine. :func:`settle` applies
+the rule once, and the run's pipeline then carries the settled ``learner`` (it is part
+of the spec, so a resume is checked against it).
+
+>>> from gfcr.transport.fleet import Fleet
+>>> settled = merge([("the flags", {"generator": {"urls": ("http://gpu-a:8000",)}}),
+...                  ("FILE", {"generator": {"timeout_s": 30.0}})])
+>>> settled.generator.urls, settled.generator.timeout_s, settled.scorer
+(('http://gpu-a:8000',), 30.0, None)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Mapping, Sequence
 
-from gfcr.core.capabilities import EngineSpec
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gfcr.core import yamlfile
 from gfcr.core.pipeline import Pipeline
-from gfcr.core.services import Generator, Learner, Services
-from gfcr.core.stage import TRAIN
-from gfcr.runner.commits import BackgroundCommits, pinned_history, recording
-from gfcr.runner.inprocess import LocalGenerator, LocalLearner, LocalScorer
-from gfcr.runner.runtime import Record, Runtime
-from gfcr.runner.tokencheck import check_task
-from gfcr.transport.fleet import Fleet, for_run as fleet_for_run
-from gfcr.transport.remote import scoring
-from gfcr.transport.sharded import Setup, ShardedLearner
+from gfcr.core.problems import format_errors
+from gfcr.core.settings import LearnerPlacement
+from gfcr.transport.fleet import Fleet
+from gfcr.transport.remote.pool import WorkerPool
+
+PARTS = ("generator", "learner", "scorer")
+"""The services a placement places, in the order its problems are reported."""
+
+Fields = Mapping[str, object]
+"""What a source says of one part: the fields it sets (None for a part it sets to
+"this process")."""
+Source = tuple[str, Mapping[str, Fields | None]]
+"""A source of placement: what it is called in errors, and what it sets by part."""
 
 REMOVED = ("the engine-worker generate path (--generate-pool, generate_pool=POOL) was removed "
            "(issue 24): generation leaves a run's process only on a fleet of vLLM servers. "
            "Start them with `gfcr engine serve --model DIR` and name them with "
-           "`gfcr run --fleet URL` (in Python: execute(..., fleet=Fleet(urls=(URL, ...))), "
-           "gfcr.transport.fleet.Fleet); scoring pools (--score-pool) are unchanged")
+           "`gfcr run --fleet URL` (in Python: execute(..., placement=Placement(generator="
+           "Fleet(urls=(URL, ...)))), gfcr.launch.placement); scoring pools (--score-pool) "
+           "are unchanged")
 
 
 class GeneratePoolRemoved(ValueError):
@@ -46,100 +78,128 @@ class GeneratePoolRemoved(ValueError):
         super().__init__(f"generate pool {pool!r}: {REMOVED}")
 
 
-def generation(fleet: Any, generate_pool: Any) -> Fleet | None:
-    """Where a run generates (:func:`gfcr.launch.run.execute`'s ``fleet`` and
-    ``generate_pool``): a fleet, or None (this process). ``generate_pool`` is the older
-    name of ``fleet`` and takes a Fleet only; a pool name or settings raise
-    :class:`GeneratePoolRemoved`."""
-    if generate_pool is not None and not isinstance(generate_pool, Fleet):
-        raise GeneratePoolRemoved(generate_pool)
-    if fleet is not None and generate_pool is not None:
-        raise ValueError("give the fleet once: as fleet= (generate_pool= is its older name)")
-    chosen = fleet if fleet is not None else generate_pool
-    if chosen is not None and not isinstance(chosen, Fleet):
-        raise TypeError(f"fleet={chosen!r}: expected a gfcr.transport.fleet.Fleet")
-    return chosen
+class PlacementConflict(ValueError):
+    """Two sources of placement give one setting different values (see the module)."""
 
 
-def build(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
-          commits: BackgroundCommits, pools: tuple[Any, Any],
-          notify: Callable[[str], None]) -> tuple[Runtime, Any]:
-    """The run's runtime and the learner's policy: built once, kept for the whole run."""
-    policy = pipeline.policy.build(seed=pipeline.seed)
-    check_task(pipeline.task, policy.tokenizer, policy.remedy)  # before any work, once
-    learner = _learner(pipeline, policy, run_id, root)
+class Placement(BaseModel):
+    """Where the run's generator, learner and scorer run (see the module for the sources
+    and their one precedence rule). The default places all three in this process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generator: Fleet | None = None
+    """A fleet of vLLM servers; None: the pipeline's engine in this process."""
+    learner: LearnerPlacement = LearnerPlacement()
+    """Sharded over ranks, or (``ranks=0``) in this process."""
+    scorer: WorkerPool | None = None
+    """A score pool's workers; None: this process."""
+
+
+def explicit(placement: Placement) -> dict[str, Fields | None]:
+    """What ``placement`` sets, part by part: the fields given when it was built."""
+    out: dict[str, Fields | None] = {}
+    for part in PARTS:
+        value = getattr(placement, part)
+        if part in placement.model_fields_set:
+            out[part] = None if value is None else {f: getattr(value, f)
+                                                    for f in value.model_fields_set}
+    return out
+
+
+def of_pipeline(pipeline: Pipeline) -> Source:
+    """The pipeline as a source: the fields of its ``learner`` that differ from the
+    default (a spec stores them all)."""
+    default = LearnerPlacement()
+    given = {f: getattr(pipeline.learner, f) for f in LearnerPlacement.model_fields
+             if getattr(pipeline.learner, f) != getattr(default, f)}
+    return ("the pipeline (its learner field)", {"learner": given} if given else {})
+
+
+def of_file(path: str | Path) -> Source:
+    """A placement file as a source (YAML, read bounded); PlacementError naming the file
+    when it is not a placement."""
+    where = f"placement file {str(path)!r}"
     try:
-        return _runtime(pipeline, run_id, root, stash, store, commits, pools, notify,
-                        policy, learner), policy
-    except BaseException:
-        learner.close()  # a sharded learner's processes
-        raise
+        data = yamlfile.read(path, where=where)
+        placement = Placement.model_validate({} if data is None else data)
+    except (OSError, yamlfile.YamlRefused) as err:
+        raise PlacementError(f"{where}: {err}") from None
+    except ValidationError as err:
+        raise PlacementError(f"{where}: " + "; ".join(format_errors(err))) from None
+    return (where, explicit(placement))
 
 
-def _runtime(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any,
-             commits: BackgroundCommits, pools: tuple[Any, Any],
-             notify: Callable[[str], None], policy: Any, learner: Learner) -> Runtime:
-    if pools[0] is not None and policy.adapter is not None:
-        raise ValueError(
-            "train stage: lora is set and the run generates on a fleet of servers, which "
-            "load whole published weights; a LoRA learner publishes its adapter alone "
-            "(gfcr.runner.weights), which the servers do not load yet. Generate in-process "
-            "(no fleet) or drop lora.")
-    generator = _generator(pipeline, run_id, root, policy, learner, pools[0], notify)
-    scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()
-    snapshots: dict[int, int] = {}
-    record = Record(commit=recording(store.commit_step, snapshots),
-                    history_at=pinned_history(store, run_id, snapshots, commits),
-                    background=commits)
-    services = Services(generator=generator, learner=learner, scorer=scorer)
-    return Runtime(pipeline=pipeline, task=pipeline.task, services=services, stash=stash,
-                   record=record)
+def of_flags(fleet: Sequence[str], score_pool: str | None, timeout_s: float | None,
+             file: Source | None = None) -> Source:
+    """``gfcr run``'s flags as a source. ``--generate-timeout`` sets the deadline of the
+    fleet and of the pool that a flag or the placement ``file`` names."""
+    parts: dict[str, Fields | None] = {}
+    named = dict(file[1]) if file is not None else {}
+    if fleet:
+        parts["generator"] = {"urls": tuple(fleet)}
+    if score_pool is not None:
+        parts["scorer"] = {"pool": score_pool}
+    if timeout_s is not None:
+        for part in ("generator", "scorer"):
+            if part in parts or named.get(part):
+                parts[part] = {**(parts.get(part) or {}), "timeout_s": timeout_s}
+    return ("gfcr run's flags (--fleet, --score-pool, --generate-timeout)", parts)
 
 
-def _generator(pipeline: Pipeline, run_id: str, root: Path, policy: Any, learner: Learner,
-               fleet: Fleet | None, notify: Callable[[str], None]) -> Generator:
-    """The run's generator: a fleet of servers (nothing generates here), or the engine
-    in this process."""
-    if fleet is not None:
-        remote = fleet_for_run(fleet, pipeline, run_id, root, policy, notify)
-        remote.load(learner.handle())
-        return remote
-    local = _local(pipeline, policy, background=bool(pipeline.max_staleness),
-                   shared=not pipeline.learner.ranks)
-    if not local.shared:
-        local.load(learner.handle())  # the engine's own copy starts as the learner's
-    return local
+class PlacementError(ValueError):
+    """A placement source that is not one (a bad file, a bad value); names the source."""
 
 
-def _learner(pipeline: Pipeline, policy: Any, run_id: str, root: Path) -> Learner:
-    """The train stage's learner: over ``policy`` in this process, or sharded over
-    ``pipeline.learner.ranks`` processes (``policy`` is then the engine's own)."""
-    trainers = TRAIN.of(pipeline.stages)
-    place = pipeline.learner
-    if not place.ranks:
-        return LocalLearner(policy, trainers[0].learner(policy, seed=pipeline.seed)
-                            if trainers else None)
-    if not trainers:
-        raise ValueError(f"pipeline {pipeline.name!r}: learner.ranks={place.ranks!r} needs "
-                         "a train stage to shard; set learner.ranks=0")
-    where = Path(root) / "runs" / run_id / "learner"
-    setup = Setup(policy=pipeline.policy, stage=trainers[0], seed=pipeline.seed,
-                  run_id=run_id, weights=str(where / "weights"),
-                  keep=pipeline.max_staleness + 2, device=place.device,
-                  offload=place.offload, timeout_s=place.timeout_s)
-    return ShardedLearner(setup, place.ranks, policy, where)
+def merge(sources: Sequence[Source]) -> Placement:
+    """The one placement ``sources`` give together (the module's rule); PlacementConflict
+    naming both sources when two disagree, PlacementError when the result is invalid."""
+    data: dict[str, Fields | None] = {}
+    for part in PARTS:
+        given = [(name, parts[part]) for name, parts in sources if part in parts]
+        if given:
+            data[part] = _part(part, given)
+    try:
+        return Placement.model_validate(data)
+    except ValidationError as err:
+        named = ", ".join(name for name, parts in sources if parts) or "no source"
+        raise PlacementError(f"placement from {named}: " + "; ".join(
+            format_errors(err))) from None
 
 
-def _local(pipeline: Pipeline, policy: Any, *, background: bool,
-           shared: bool = True) -> LocalGenerator:
-    """The run's engine: on the learner's policy (``shared``), or on a policy of its
-    own: generating in the background while the learner updates, or beside a sharded
-    learner (``policy`` is then no learner's)."""
-    own = pipeline.policy.build(seed=pipeline.seed) if background and shared else policy
-    own.adapter = policy.adapter  # the learner's LoRA, if any: the engine prepares for it
-    engine = pipeline.engine.build(own, seed=pipeline.seed)
-    spec = pipeline.engine
-    capabilities = spec.capabilities if isinstance(spec, EngineSpec) else frozenset()
-    return LocalGenerator(engine, own, shared=shared and own is policy,
-                          background=background,
-                          capabilities=capabilities)
+def _part(part: str, given: list[tuple[str, Fields | None]]) -> Fields | None:
+    """One part's fields from the sources that give it; a conflict is refused."""
+    here = [name for name, fields in given if fields is None]
+    away = [(name, fields) for name, fields in given if fields is not None]
+    if here and away:
+        raise PlacementConflict(
+            f"placement: {part} is in this process by {here[0]} and elsewhere by "
+            f"{away[0][0]} ({dict(away[0][1])!r}); give it in one place")
+    if here:
+        return None
+    out: dict[str, object] = {}
+    by: dict[str, str] = {}
+    for name, fields in away:
+        for key, value in (fields or {}).items():
+            if key in out and out[key] != value:
+                raise PlacementConflict(
+                    f"placement: {part}.{key} is {out[key]!r} by {by[key]} and {value!r} "
+                    f"by {name}; give it in one place (no source outranks another)")
+            out[key], by[key] = value, name
+    return out
+
+
+def settle(pipeline: Pipeline, sources: Sequence[Source]) -> tuple[Pipeline, Placement]:
+    """The run's placement from the pipeline and ``sources``, and the pipeline carrying
+    its settled learner: the one place the module's rule is applied."""
+    placement = merge([of_pipeline(pipeline), *sources])
+    if placement.learner != pipeline.learner:
+        pipeline = pipeline.model_copy(update={"learner": placement.learner})
+    return pipeline, placement
+
+
+def refuse_generate_pool(generate_pool: object) -> None:
+    """``execute(generate_pool=...)`` and a request's ``generate_pool``: refused, naming
+    the fleet that replaced the engine-worker generate path."""
+    if generate_pool is not None:
+        raise GeneratePoolRemoved(generate_pool)

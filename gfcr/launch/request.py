@@ -1,32 +1,44 @@
-"""What ``gfcr run`` asks for, as plain data, and running it in this process: the part of
-the gfcr flow (:mod:`gfcr.launch.flow`) that needs no Prefect.
+"""What ``gfcr run`` asks for, as plain data (:class:`RunRequest`, its one declaration),
+resolved once (:func:`resolve`) and run in this process (:func:`run_request`): the part
+of the gfcr flow (:mod:`gfcr.launch.flow`) that needs no Prefect.
 
-``gfcr run --executor local`` runs a :class:`RunRequest` through :func:`run_request`
-without importing Prefect at all (a GPU machine or a container may not have it); the
-Prefect flow calls the same function inside a flow run.
+Resolving a request loads its pipeline (a ready name, a file, a spec's YAML or, on a
+resume, the run's stored one), applies its overrides and settles its placement with the
+pipeline's (gfcr.launch.placement): a :class:`Launch`. A caller that resolved a request
+hands the flow :func:`settled`, the same launch as plain data (the checked spec's YAML,
+no overrides, the settled placement), so nothing is looked up or overridden twice.
+
+``gfcr run --executor local`` runs a launch without importing Prefect at all (a GPU
+machine or a container may not have it); the Prefect flow calls :func:`run_request`
+inside a flow run.
 """
 
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Sequence
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
 
 from gfcr.core.loading import load
 from gfcr.core.pipeline import Pipeline
+from gfcr.launch.hooks import RunSummary
+from gfcr.launch.ledger import RunLedger, open_ledger
+from gfcr.launch.placement import (Placement, Source, explicit, refuse_generate_pool,
+                                   settle)
 from gfcr.runner.cancel import Stop
 from gfcr.transport.executors import Executor
 
-extra_hooks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+extra_hooks: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
     "gfcr_extra_hooks", default=())
 """Hooks of the calling process (``gfcr run``'s progress display): set around a call of
 the flow in-process; a flow run on a worker has none."""
 
 
 class RunRequest(BaseModel):
-    """What a run needs, as plain data: the flow's parameters."""
+    """What a run needs, as plain data: the flow's one parameter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -51,33 +63,47 @@ class RunRequest(BaseModel):
     """Where the run is tracked (gfcr.runner.trackers.TRACKERS), with ``track``."""
     export: str | None = None
     """Export the policy to this folder when the run finishes (gfcr.runner.export)."""
-    generate_timeout: float = 600.0
-    """With ``fleet``: each request's deadline; with ``score_pool``: seconds a step's
-    score call may wait for a worker and run."""
-    score_pool: str | None = None
-    """Run the scoring filter stages on this pool's workers (``gfcr engine-worker``;
-    None: in-process)."""
-    fleet: tuple[str, ...] = ()
-    """Generate on these vLLM servers (``gfcr engine serve``; gfcr.transport.fleet.Fleet)."""
+    placement: Placement = Placement()
+    """Where the generator, learner and scorer run (gfcr.launch.placement): one source,
+    settled with the pipeline's own ``learner``."""
+
+    @field_serializer("placement")
+    def _given(self, placement: Placement) -> dict[str, object]:
+        """Only what its sources set: a request that crosses Prefect as plain data keeps
+        a default as a default, not as a setting that could conflict with another."""
+        return placement.model_dump(mode="json", exclude_unset=True)
 
     @model_validator(mode="before")
     @classmethod
-    def _no_generate_pool(cls, data: Any) -> Any:
+    def _no_generate_pool(cls, data: object) -> object:
         """A request naming ``generate_pool`` (removed in issue 24) is refused with what
         replaces it, not as an unknown field."""
-        if isinstance(data, dict) and data.get("generate_pool") is not None:
-            from gfcr.launch.placement import GeneratePoolRemoved
-
-            raise GeneratePoolRemoved(data["generate_pool"])
+        if isinstance(data, dict):
+            refuse_generate_pool(data.get("generate_pool"))
         return data
 
 
-def resolve(request: RunRequest, store: Any) -> Pipeline:
-    """The pipeline ``request`` names, with its overrides. Raises PipelineError (or
-    ResumeError when a run to resume is missing)."""
+@dataclass(frozen=True)
+class Launch:
+    """A request resolved: the pipeline to run (overrides applied, placement settled),
+    where its services run, and the run id."""
+
+    request: RunRequest
+    pipeline: Pipeline
+    placement: Placement
+    run_id: str
+
+
+def resolve(request: RunRequest, store: RunLedger | None,
+            sources: Sequence[Source] = ()) -> Launch:
+    """The launch ``request`` asks for: its pipeline with its overrides, its placement
+    settled with the pipeline's and ``sources`` (named in a conflict), and its run id.
+    ``store`` is read for a resume without a pipeline. Raises PipelineError,
+    PlacementConflict/PlacementError, or ResumeError when a run to resume is missing."""
+    from gfcr.launch.run import new_run_id
     from gfcr.runner.resume import stored_pipeline
 
-    if request.pipeline is None and request.resume and request.run_id:
+    if request.pipeline is None and request.resume and request.run_id and store is not None:
         spec = stored_pipeline(store, request.run_id)
     else:
         spec = pipeline_from(request.pipeline or "default")
@@ -85,7 +111,18 @@ def resolve(request: RunRequest, store: Any) -> Pipeline:
         spec = spec.with_overrides(list(request.overrides))
     if request.steps is not None:
         spec = spec.with_overrides([f"steps={request.steps}"])
-    return spec
+    given = explicit(request.placement)
+    spec, placement = settle(spec, [*sources, *([("the run request's placement", given)]
+                                                if given else [])])
+    return Launch(request, spec, placement, request.run_id or new_run_id(spec))
+
+
+def settled(launch: Launch) -> RunRequest:
+    """``launch`` as plain data that resolves to the same launch without looking
+    anything up again: the checked spec's YAML, no overrides, the settled placement."""
+    return launch.request.model_copy(update={
+        "pipeline": launch.pipeline.to_yaml(), "overrides": (), "steps": None,
+        "run_id": launch.run_id, "placement": launch.placement})
 
 
 def pipeline_from(ref: str) -> Pipeline:
@@ -95,57 +132,37 @@ def pipeline_from(ref: str) -> Pipeline:
     return load(ref)
 
 
-def open_store(request: RunRequest, *, read_only: bool = False) -> Any:
+def open_store(request: RunRequest, *, read_only: bool = False) -> RunLedger:
     """The request's rollout store (``postgresql://`` stores name their data path in the
     URI's ``data_path`` query parameter)."""
-    from gfcr.core.storage import backend
-
-    uri = request.store or Path(request.root) / "store"
-    return backend().open(uri, read_only=read_only, create=not read_only)
+    return open_ledger(request.store or Path(request.root) / "store", read_only=read_only)
 
 
 def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
-                hooks: tuple[Any, ...] = (),
-                named: Callable[[str], None] | None = None) -> Any:
-    """Resolve and run ``request``; the run's RunSummary. ``named(run_id)`` is told the
-    run's id before it starts."""
-    from gfcr.launch.run import execute, new_run_id
+                hooks: Sequence[object] = (),
+                named: Callable[[str], None] | None = None,
+                launch: Launch | None = None) -> RunSummary:
+    """Resolve and run ``request`` (or run ``launch``, already resolved from it); the
+    run's RunSummary. ``named(run_id)`` is told the run's id before it starts."""
+    from gfcr.launch.run import run_settled
     from gfcr.runner.resume import ResumeError, stored_run
     from gfcr.runner.export import ExportHook
     from gfcr.runner.trackers import trackers
 
-    tracked = trackers(request.trackers, mlflow_uri=request.tracking) if request.track else []
+    tracked: list[object] = list(trackers(request.trackers, mlflow_uri=request.tracking)
+                                 if request.track else [])
     if request.export is not None:
         tracked.append(ExportHook(Path(request.export)))
     store = open_store(request)
     try:
-        spec = resolve(request, store)
+        launch = launch or resolve(request, store)
         if request.resume and (request.run_id is None or stored_run(store, request.run_id) is None):
             raise ResumeError(f"no run {request.run_id!r} in store {store.uri!r} to resume "
                               "(`gfcr runs` lists the runs)")
-        run_id = request.run_id or new_run_id(spec)
         if named is not None:
-            named(run_id)
-        return execute(spec, root=Path(request.root), executor=executor, run_id=run_id,
-                       hooks=[*hooks, *tracked], store=store, stop=stop,
-                       fleet=_generation(request), score_pool=_placement(request))
+            named(launch.run_id)
+        return run_settled(launch.pipeline, launch.placement, root=Path(request.root),
+                           executor=executor, run_id=launch.run_id,
+                           hooks=[*hooks, *tracked], store=store, stop=stop)
     finally:
         store.close()
-
-
-def _generation(request: RunRequest) -> Any:
-    """Where the request generates: a fleet of servers, or None (in-process)."""
-    if not request.fleet:
-        return None
-    from gfcr.transport.fleet import Fleet
-
-    return Fleet(urls=request.fleet, timeout_s=request.generate_timeout)
-
-
-def _placement(request: RunRequest) -> Any:
-    """The request's score pool (gfcr.transport.remote.pool.WorkerPool), or None."""
-    if request.score_pool is None:
-        return None
-    from gfcr.transport.remote.pool import WorkerPool
-
-    return WorkerPool(pool=request.score_pool, timeout_s=request.generate_timeout)

@@ -23,27 +23,35 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
 from gfcr.core import names, storage
 from gfcr.core.evaluations import HELDOUT
+from gfcr.core.engine import Policy
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import AdapterLearner
-from gfcr.launch import placement
+from gfcr.core.stage import Task
+from gfcr.launch.build import build
 from gfcr.launch.hooks import RunSummary, emit
+from gfcr.launch.ledger import RunLedger, code_version, open_ledger, reason
+from gfcr.launch.placement import Placement, explicit, refuse_generate_pool, settle
 from gfcr.report.publish import end_of_run_page
 from gfcr.runner import checkpoint, resume, rounds
 from gfcr.runner.cancel import RunCancelled, Stop, cancelled
 from gfcr.runner.commits import BackgroundCommits, Start
 from gfcr.runner.loop import Runtime, StepReport, run_step
+from gfcr.runner.runtime import Stash
 from gfcr.runner.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 from gfcr.transport import prefect_crash
 from gfcr.transport.executors import Call, Executor, PrefectExecutor, named
 from gfcr.transport.progress import PrefectMilestones
 
 DEFAULT_ROOT = Path(".gfcr")
+Progress = dict[str, Any]
+"""The progress record a run keeps and its checkpoints carry (gfcr.runner.checkpoint):
+accuracies, the warm start's figures, each step's metrics."""
 
 
 # --------------------------------------------------------------------------- running
@@ -55,9 +63,9 @@ def new_run_id(pipeline: Pipeline) -> str:
 
 def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             executor: Executor | str = "prefect", run_id: str | None = None,
-            hooks: list[Any] | None = None, store: Any = None,
-            stop: Stop | None = None, fleet: Any = None, score_pool: Any = None,
-            generate_pool: Any = None) -> RunSummary:
+            hooks: Sequence[object] = (), store: RunLedger | None = None,
+            stop: Stop | None = None, placement: Placement | None = None,
+            generate_pool: object = None) -> RunSummary:
     """Run ``pipeline`` to completion and return its summary.
 
     ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
@@ -67,33 +75,42 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
     written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
     an :class:`~gfcr.transport.executors.Executor` or its name ("prefect", "local"). When ``stop``
     is requested the run ends at the next step boundary and raises RunCancelled.
-    ``fleet`` (a :class:`gfcr.transport.fleet.Fleet`) generates and evaluates on a
-    fleet of vLLM servers; ``score_pool`` (a pool name or a
-    :class:`gfcr.transport.remote.pool.WorkerPool`) sends the scoring filter stages to a
-    pool's workers; None: this process. ``generate_pool`` is ``fleet``'s older name: it
-    takes a Fleet only, and a pool raises
-    :class:`gfcr.launch.placement.GeneratePoolRemoved` (the engine-worker generate path
-    was removed in issue 24).
+    ``placement`` says where the generator, learner and scorer run (a fleet of vLLM
+    servers, sharded ranks, a score pool; None: this process), settled with the
+    pipeline's own ``learner`` by the rule of :mod:`gfcr.launch.placement` (a conflict
+    raises PlacementConflict before anything runs). ``generate_pool`` (the engine-worker
+    generate path, removed in issue 24) raises GeneratePoolRemoved, naming the fleet.
     """
-    fleet = placement.generation(fleet, generate_pool)
+    refuse_generate_pool(generate_pool)
+    sources = [] if placement is None else [("execute(placement=...)", explicit(placement))]
+    pipeline, settled = settle(pipeline, sources)
+    return run_settled(pipeline, settled, root=root, executor=executor, run_id=run_id,
+                       hooks=hooks, store=store, stop=stop)
+
+
+def run_settled(pipeline: Pipeline, placement: Placement, *, root: Path = DEFAULT_ROOT,
+                executor: Executor | str = "prefect", run_id: str | None = None,
+                hooks: Sequence[object] = (), store: RunLedger | None = None,
+                stop: Stop | None = None) -> RunSummary:
+    """:func:`execute` of a pipeline whose ``placement`` is already settled with it
+    (gfcr.launch.request.resolve does it once for a request)."""
     lake = storage.backend()
     root = Path(root).resolve()
     if run_id is not None:
         names.check_run_id(run_id)
     run_id = run_id or new_run_id(pipeline)
     chosen = named(executor) if isinstance(executor, str) else executor
-    hooks = list(hooks or []) + ([PrefectMilestones()] if isinstance(chosen, PrefectExecutor)
-                                 else [])
+    hooks = [*hooks, *([PrefectMilestones()] if isinstance(chosen, PrefectExecutor) else [])]
     own_store = store is None
-    store = store or lake.open(root / "store")
+    store = store or open_ledger(root / "store")
     try:
         with lake.hold(store, run_id) as lease:  # one owner per run id, before any write
             prefect_crash.after_takeover(run_id, lease)
             stash = SpillStash(root / "staging" / run_id)
             try:
                 resumed = resume.check(store, run_id, pipeline)
-                body = _body(pipeline, root, run_id, hooks, store, stash, resumed,
-                             stop or Stop(), (fleet, score_pool), lease.check)
+                body = _body(pipeline, placement, root, run_id, hooks, store, stash,
+                             resumed, stop or Stop(), lease.check)
                 retried = {s.label for s in pipeline.stages if s.kind in ("generate", "filter")}
                 return chosen.run(body, run_id=run_id, retried=retried)
             finally:
@@ -103,30 +120,30 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
             store.close()
 
 
-def _body(pipeline: Pipeline, root: Path, run_id: str, hooks: list[Any], store: Any,
-          stash: Any, resumed: bool, stop: Stop, pools: tuple[Any, Any],
+def _body(pipeline: Pipeline, placement: Placement, root: Path, run_id: str,
+          hooks: list[object], store: RunLedger, stash: Stash, resumed: bool, stop: Stop,
           owned: Callable[[], None]) -> Callable[[Call, Start], RunSummary]:
     def body(call: Call, start: Start) -> RunSummary:
         started = time.perf_counter()
         store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
-                        spec_hash=pipeline.spec_hash(), code_version=_code_version())
+                        spec_hash=pipeline.spec_hash(), code_version=code_version())
         emit(hooks, "on_start", run_id=run_id, pipeline=pipeline, root=root, resumed=resumed,
               store=store)
         status, commits, error, rt = "failed", BackgroundCommits(start), None, None
         try:
             emit(hooks, "on_phase", phase="building the policy and the task")
             warn = lambda m: emit(hooks, "on_warning", message=m, count=1)  # noqa: E731
-            rt, policy = placement.build(pipeline, run_id, root, stash, store, commits, pools,
-                                         warn)
+            rt, policy = build(pipeline, placement, run_id, root, stash, store, commits,
+                               warn)
             summary = _drive(_Run(pipeline, root, run_id, hooks, store, call, rt, policy,
                                   commits, stop, owned), started, resumed)
             status = "finished"
             return summary
         except (RunCancelled, KeyboardInterrupt) as exc:
-            status, error = "cancelled", _reason(exc)
+            status, error = "cancelled", reason(exc)
             raise
         except BaseException as exc:
-            error = _reason(exc)
+            error = reason(exc)
             if stop.at_once:  # interrupted code raised its own error for our KeyboardInterrupt
                 status = "cancelled"
                 raise KeyboardInterrupt(f"stopped at once ({error})") from exc
@@ -151,11 +168,11 @@ class _Run:
     pipeline: Pipeline
     root: Path
     run_id: str
-    hooks: list[Any]
-    store: Any
-    call: Callable[..., Any]
+    hooks: list[object]
+    store: RunLedger
+    call: Call
     rt: Runtime
-    policy: Any
+    policy: Policy
     commits: BackgroundCommits
     stop: Stop
     owned: Callable[[], None]
@@ -178,7 +195,7 @@ class _Run:
                 self._evaluate(s.name, s.task, prompts.slice(0, s.size), label, step)
         return accuracy
 
-    def _evaluate(self, eval_set: str, task: Any, prompts: pa.Table, label: str,
+    def _evaluate(self, eval_set: str, task: Task, prompts: pa.Table, label: str,
                   step: int) -> float:
         ev, rt = self.pipeline.evaluation, self.rt
         name = f"evaluate[{label}]" if eval_set == HELDOUT else f"evaluate[{eval_set}:{label}]"
@@ -248,11 +265,11 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
     return summary
 
 
-def _start(run: _Run) -> dict[str, Any]:
+def _start(run: _Run) -> Progress:
     """A run's beginning: evaluate, warm start, evaluate again. Returns the progress
     record that checkpoints carry (see gfcr.runner.checkpoint)."""
     p = run.pipeline
-    progress: dict[str, Any] = {"accuracy_initial": None, "accuracy_start": None,
+    progress: Progress = {"accuracy_initial": None, "accuracy_start": None,
                                 "warmstart": {}, "history": []}
     if p.warmstart is not None:
         progress["accuracy_initial"] = run.evaluate_at("initial", 0)
@@ -282,7 +299,7 @@ def _rebuild_base(run: _Run) -> None:
     services.generator.load(learner.handle())
 
 
-def _step(run: _Run, step: int, progress: dict[str, Any], *, replayed: bool) -> None:
+def _step(run: _Run, step: int, progress: Progress, *, replayed: bool) -> None:
     """One step, then a checkpoint when one is due. A replayed step (committed before a
     resume) runs without committing, and trains on the rows the store holds for it
     (gfcr.runner.resume.stored_batch)."""
@@ -315,7 +332,7 @@ def _checkpoint_due(p: Pipeline, step: int) -> bool:
     return step == p.steps - 1 or bool(every and (step + 1) % every == 0)
 
 
-def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
+def _checkpoint(run: _Run, step: int, progress: Progress) -> Path:
     """The checkpoint after ``step``, once the step's commit is done (gfcr.runner.resume), with
     the batches generated ahead of it (gfcr.runner.rounds)."""
     p, services = run.pipeline, run.rt.services
@@ -328,7 +345,7 @@ def _checkpoint(run: _Run, step: int, progress: dict[str, Any]) -> Path:
         ahead=rounds.in_flight(run.rt)).path)))
 
 
-def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: bool) -> None:
+def _cancel(run: _Run, last: int | None, progress: Progress, *, saved: bool) -> None:
     """Stop at this step boundary: the commit in flight finishes, the last whole step
     is checkpointed (unless it already is: ``saved``), and RunCancelled is raised."""
     run.commits.wait()
@@ -339,15 +356,3 @@ def _cancel(run: _Run, last: int | None, progress: dict[str, Any], *, saved: boo
     elif last is not None:
         path = _checkpoint(run, last, progress)
     raise cancelled(run.run_id, last_step=last, checkpoint=path, reason=run.stop.reason)
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a run failed, for the store's ``runs.error``: the exception, on one short line."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= 500 else text[:497] + "..."
-
-
-def _code_version() -> str:
-    from importlib.metadata import version
-
-    return f"gfcr {version('gfcr')}"

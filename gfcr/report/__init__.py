@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from gfcr.core.storage import RunStore
 from gfcr.report.data import ReportError, RunData, check_schema, load_run
 from gfcr.report.page import headline, render
 
 __all__ = ["ReportError", "RunData", "headline", "load_runs", "open_store", "report_html", "write_report"]
 
 
-def load_runs(store: Any, run_ids: Sequence[str], *, samples: bool = True) -> list[RunData]:
+def load_runs(store: RunStore, run_ids: Sequence[str], *, samples: bool = True) -> list[RunData]:
     """Each run's data; ReportError for an older store, an unknown run or an empty one."""
     if not run_ids:
         raise ReportError("name at least one run id (gfcr runs lists them)")
@@ -26,12 +26,12 @@ def load_runs(store: Any, run_ids: Sequence[str], *, samples: bool = True) -> li
     return [load_run(store, run_id, samples=samples) for run_id in dict.fromkeys(run_ids)]
 
 
-def report_html(store: Any, run_ids: Sequence[str]) -> str:
+def report_html(store: RunStore, run_ids: Sequence[str]) -> str:
     """The report page of ``run_ids`` (one, or several to compare) in the open ``store``."""
     return render(load_runs(store, run_ids), store=str(store.uri))
 
 
-def open_store(store_uri: str | os.PathLike[str]) -> Any:
+def open_store(store_uri: str | os.PathLike[str]) -> RunStore:
     """The store at ``store_uri``, read-only. A store older than this gfcr, whose tables the
     shipped views cannot bind, raises ReportError saying so (StoreError: no store there)."""
     import duckdb

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from html import escape
-from typing import Any
+
+from gfcr.report.rows import Row
 
 CHAT_SAMPLES = 3
 """Multi-turn rows the report draws per run: a right, a wrong one and one with a tool error."""
@@ -30,7 +31,7 @@ Decode = Callable[[list[int]], str]
 
 
 
-def render_chats(samples: list[dict[str, Any]], decode: Decode | None = None) -> str:
+def render_chats(samples: list[Row], decode: Decode | None = None) -> str:
     """The chats of ``samples`` (the store's ``RunReads.chat_samples`` rows), as HTML."""
     return "".join(
         f'<div class="chat"><small>step {s["step"]} · {escape(s["kind"])} · reward '
@@ -39,7 +40,7 @@ def render_chats(samples: list[dict[str, Any]], decode: Decode | None = None) ->
         + "</div>" for s in samples)
 
 
-def _bubble(k: int, turn: dict[str, Any], prompt: str, decode: Decode | None) -> str:
+def _bubble(k: int, turn: Row, prompt: str, decode: Decode | None) -> str:
     ids = list(turn["token_ids"] or [])
     mask = turn["mask"]
     in_loss = sum(bool(m) for m in mask) if mask else 0

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+
+import pyarrow as pa
 
 from gfcr.core.rollout import ROLLOUT_SCHEMA
-from gfcr.core.storage import RunReads, backend
+from gfcr.core.storage import RunReads, RunStore, backend
 from gfcr.report.chat import CHAT_SAMPLES
+from gfcr.report.rows import Row
 
 NEEDED_COLUMNS = ("run_id", "step", "rollout_id", "prompt_id", "group_id", "completion",
                   "prompt", "answer", "reward", "score_error", "kept", "dropped_by",
@@ -42,7 +44,7 @@ class RunData:
     """One run as the report and the doctor see it: per-step series aligned with ``steps``."""
 
     run_id: str
-    run: dict[str, Any]
+    run: Row
     steps: list[int]
     series: dict[str, list[float]] = field(default_factory=dict)
     """Metric name -> one value per step (NaN where a step has none)."""
@@ -52,10 +54,10 @@ class RunData:
     """Per step, the share of groups in each PASS_LABELS bin."""
     accuracy: list[tuple[int, float, str]] = field(default_factory=list)
     """Held-out evaluations: (step, accuracy, label)."""
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    chats: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Row] = field(default_factory=list)
+    chats: list[Row] = field(default_factory=list)
     """Sample multi-turn rows with their turns (gfcr.report.chat; none for single-turn runs)."""
-    turn_figures: list[dict[str, Any]] = field(default_factory=list)
+    turn_figures: list[Row] = field(default_factory=list)
     """Per number of policy turns: ``episodes``, ``success``, ``policy_tokens`` (the
     ``turn_figures`` run view; one row of 1 turn for a single-turn run)."""
 
@@ -66,12 +68,12 @@ class RunData:
         return any(math.isfinite(v) for v in self.series.get(name, []))
 
 
-def reads(store: Any) -> RunReads:
+def reads(store: RunStore) -> RunReads:
     """The open ``store``'s named run reads (its backend's)."""
     return backend().reads(store)
 
 
-def check_schema(store: Any) -> None:
+def check_schema(store: RunStore) -> None:
     """Raise ReportError naming what an older store lacks."""
     have = set(reads(store).rollout_columns())
     missing = [c for c in NEEDED_COLUMNS if c not in have]
@@ -82,7 +84,7 @@ def check_schema(store: Any) -> None:
             "gfcr version that wrote it, or export it and re-commit with this one.")
 
 
-def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
+def load_run(store: RunStore, run_id: str, *, samples: bool = True) -> RunData:
     """Everything about ``run_id`` the report shows; ReportError for an unknown or empty run."""
     read = reads(store)
     run = read.run(run_id)
@@ -107,7 +109,7 @@ def load_run(store: Any, run_id: str, *, samples: bool = True) -> RunData:
     return data
 
 
-def _step_metrics(data: RunData, rows: list[dict[str, Any]]) -> None:
+def _step_metrics(data: RunData, rows: list[Row]) -> None:
     """The steps table's metrics map, one series per metric name."""
     index = {s: i for i, s in enumerate(data.steps)}
     for row in rows:
@@ -118,14 +120,14 @@ def _step_metrics(data: RunData, rows: list[dict[str, Any]]) -> None:
             series[i] = math.nan if value is None else float(value)
 
 
-def _rollout_series(store: Any, data: RunData) -> None:
+def _rollout_series(store: RunStore, data: RunData) -> None:
     """Per-step aggregates over the run's rollouts (the ``report_steps`` view)."""
     table = reads(store).view("report_steps", data.run_id)
     for name, series in aligned(data.steps, table).items():
         data.series[f"store/{name}"] = series
 
 
-def aligned(steps: list[int], table: Any) -> dict[str, list[float]]:
+def aligned(steps: list[int], table: pa.Table) -> dict[str, list[float]]:
     """Each column of ``table`` after its first (``step``) as a series over ``steps``:
     NaN where the table has no row for a step or a null value."""
     index = {s: i for i, s in enumerate(steps)}
@@ -140,7 +142,7 @@ def aligned(steps: list[int], table: Any) -> dict[str, list[float]]:
     return out
 
 
-def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
+def _drops(store: RunStore, data: RunData) -> dict[str, list[float]]:
     rows = reads(store).view("drops", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
     out: dict[str, list[float]] = {}
@@ -152,7 +154,7 @@ def _drops(store: Any, data: RunData) -> dict[str, list[float]]:
     return dict(sorted(out.items(), key=lambda kv: -sum(kv[1])))
 
 
-def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
+def _pass_distribution(store: RunStore, data: RunData) -> list[list[float]]:
     """Per step, the share of the step's groups (fresh, scored) in each pass-rate bin."""
     rows = reads(store).view("pass_bins", data.run_id).to_pylist()
     index = {s: i for i, s in enumerate(data.steps)}
@@ -163,7 +165,7 @@ def _pass_distribution(store: Any, data: RunData) -> list[list[float]]:
     return [[c / total for c in row] if (total := sum(row)) else row for row in counts]
 
 
-def accuracies(store: Any, run_id: str) -> list[tuple[int, float, str]]:
+def accuracies(store: RunStore, run_id: str) -> list[tuple[int, float, str]]:
     """Held-out accuracies of ``run_id`` as (step, accuracy, label), by step.
 
     From the store's ``evaluations`` table where it has one (columns ``run_id``, ``step``,
@@ -174,7 +176,7 @@ def accuracies(store: Any, run_id: str) -> list[tuple[int, float, str]]:
     return [(r["step"], float(r["accuracy"]), str(r["label"] or "")) for r in rows]
 
 
-def _samples(store: Any, data: RunData) -> list[dict[str, Any]]:
+def _samples(store: RunStore, data: RunData) -> list[Row]:
     """A right, a wrong and a dropped completion at up to SAMPLE_STEPS steps of the run."""
     return reads(store).samples(data.run_id, sample_steps(data.steps)).to_pylist()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import yaml
 
@@ -36,7 +35,7 @@ def run_decoder(spec_yaml: str | None) -> Decode | None:
 
 def _build(spec_yaml: str) -> Decode | None:
     try:
-        data: Any = yaml.safe_load(spec_yaml)
+        data: object = yaml.safe_load(spec_yaml)
         policy = data.get("policy") if isinstance(data, dict) else None
         if not isinstance(policy, dict) or not isinstance(policy.get("type"), str):
             return None

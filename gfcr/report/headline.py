@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from gfcr.report.data import RunData
+from gfcr.report.rows import Row
 
 SMOOTH_MAX = 10
 """The most steps averaged at either end of the sampled-reward comparison."""
 
 
-def headline(run: RunData) -> dict[str, Any]:
+def headline(run: RunData) -> Row:
     """The headline numbers of ``run``, by name."""
-    out: dict[str, Any] = {
+    out: Row = {
         "status": run.run["status"], "steps": len(run.steps),
         "rollouts": int(sum(v for v in run.get("store/rows") if math.isfinite(v))),
     }
@@ -69,7 +69,7 @@ def _share(before: float, after: float) -> str:
     return f"{before:.1%} → {after:.1%} ({100 * (after - before):+.1f} points)"
 
 
-def multi_turn(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+def multi_turn(rows: Sequence[Row]) -> dict[str, str]:
     """Policy tokens per policy turn, policy turns per episode, success by turns."""
     episodes = sum(r["episodes"] for r in rows)
     turns = sum(r["policy_turns"] * r["episodes"] for r in rows)

@@ -9,10 +9,9 @@ Policy forbids every fetch, so the page provably works offline.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from html import escape
-from typing import Any
 
 import yaml
 
@@ -118,9 +117,10 @@ def _per_run_charts(runs: Sequence[RunData]) -> str:
     return "".join(out)
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, str]:
+def _flat(data: object, prefix: str = "") -> dict[str, str]:
+    items: Iterable[tuple[object, object]]
     if isinstance(data, dict):
-        items: Any = data.items()
+        items = data.items()
     elif isinstance(data, list):
         items = ((str(v.get("name") or v.get("type") or i) if isinstance(v, dict) else str(i), v)
                  for i, v in enumerate(data))

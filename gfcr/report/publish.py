@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from gfcr.core.storage import RunStore
 from gfcr.report import load_runs
 from gfcr.report.page import render
 
@@ -17,7 +18,7 @@ def page_path(root: Path, run_id: str) -> Path:
     return Path(root) / "runs" / run_id / "report.html"
 
 
-def end_of_run_page(store: Any, run_id: str, root: Path) -> str | None:
+def end_of_run_page(store: RunStore, run_id: str, root: Path) -> str | None:
     """Write the report of ``run_id`` from the run's open ``store`` (read-only queries) to
     ``ROOT/runs/RUN_ID/report.html``; its path, or None (logged) if it could not be made:
     a report is no reason to fail a run that finished."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 from gfcr.core.browse import BrowseReads
-from gfcr.core.storage import RunReads, backend
+from gfcr.core.storage import RunReads, RunStore, backend
+from gfcr.report.rows import Row
 
 
 class UiError(Exception):
@@ -27,9 +27,9 @@ class Context:
 
     def __init__(self, uri: str | os.PathLike[str]):
         self.uri = os.fspath(uri)
-        self._store: Any = None
+        self._store: RunStore | None = None
         self._lock = threading.Lock()
-        self.cache: dict[tuple[Any, ...], Any] = {}
+        self.cache: dict[tuple[object, ...], object] = {}
         """What a page computed of a run, by the run's marker (its committed steps and
         status) at the time: a committed step never changes, so a cached figure stands
         until the run moves."""
@@ -37,7 +37,7 @@ class Context:
         """Held by a page while it reads: pages take turns (each is short), so no two
         threads interleave a page's statements or import what a page needs at once."""
 
-    def store(self) -> Any:
+    def store(self) -> RunStore:
         with self._lock:
             if self._store is None:
                 lake = backend()
@@ -56,7 +56,7 @@ class Context:
     def browse(self) -> BrowseReads:
         return backend().browse(self.store())
 
-    def run(self, run_id: str) -> dict[str, Any]:
+    def run(self, run_id: str) -> Row:
         """The ``runs`` row of ``run_id``; UiError 404 naming the latest runs otherwise."""
         row = self.reads().run(run_id)
         if row is None:

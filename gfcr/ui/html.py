@@ -8,12 +8,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 from html import escape
-from typing import Any
 from urllib.parse import quote, urlencode
 
 
 def page(title: str, body: str, *, crumbs: Iterable[tuple[str, str]] = (),
-         data: Mapping[str, Any] | None = None) -> str:
+         data: Mapping[str, object] | None = None) -> str:
     """A whole page: the title, links back (``crumbs``: (label, href)), ``body``, and the
     page's data for the script (``data``, JSON in a script tag of type application/json)."""
     nav = " / ".join([f'<a href="/">runs</a>'] + [f'<a href="{escape(h)}">{escape(t)}</a>'
@@ -37,12 +36,12 @@ def error_page(status: int, message: str) -> str:
                 '<p><a href="/">back to the runs</a></p>')
 
 
-def json_text(value: Any) -> str:
+def json_text(value: object) -> str:
     """``value`` as JSON safe inside a script tag (NaN as null, dates as text)."""
     return json.dumps(plain(value), separators=(",", ":")).replace("</", "<\\/")
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> object:
     """``value`` with what JSON cannot hold made plain: NaN/inf -> None, Decimal ->
     float, datetimes -> ISO text, tuples -> lists."""
     if isinstance(value, float):
@@ -58,7 +57,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def num(value: Any, digits: int = 3) -> str:
+def num(value: float | Decimal | None, digits: int = 3) -> str:
     """A number for a table cell: ``–`` for none."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -67,15 +66,15 @@ def num(value: Any, digits: int = 3) -> str:
     return f"{float(value):.{digits}g}"
 
 
-def pct(value: Any) -> str:
+def pct(value: float | None) -> str:
     return "–" if value is None else f"{float(value):.1%}"
 
 
-def when(value: Any) -> str:
+def when(value: object) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if isinstance(value, datetime) else "–"
 
 
-def href(path: str, params: Mapping[str, Any] | None = None) -> str:
+def href(path: str, params: Mapping[str, object] | None = None) -> str:
     """A link to ``path`` (its segments quoted by the caller with :func:`seg`) with
     ``params`` (None values left out)."""
     kept = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
@@ -101,6 +100,6 @@ def status_badge(status: str | None) -> str:
     return f'<span class="status st-{escape(s)}">{escape(s)}</span>'
 
 
-def clip(text: Any, n: int = 160) -> str:
+def clip(text: object, n: int = 160) -> str:
     s = "" if text is None else str(text)
     return escape(s if len(s) <= n else s[:n] + " …")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from html import escape
-from typing import Any
 
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
+from gfcr.report.rows import Row
 
 _CHANGE = {(False, True): "fixed", (True, False): "broken"}
 
@@ -48,9 +48,9 @@ def evaluations_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> st
                 data={"page": "evaluations", "runs": [run_id]})
 
 
-def _pairs(rows: list[dict[str, Any]], first: str, last: str) -> list[dict[str, Any]]:
+def _pairs(rows: list[Row], first: str, last: str) -> list[Row]:
     """One entry per prompt evaluated at both labels, changed ones first."""
-    by: dict[str, dict[str, Any]] = {}
+    by: dict[str, Row] = {}
     for r in rows:
         if r["label"] in (first, last):
             by.setdefault(r["prompt_id"], {})[r["label"]] = r
@@ -74,7 +74,7 @@ def _choices(base: str, eval_set: str, labels: list[str], first: str, last: str,
     return f'<p class="choices">from: {froms}<br>to: {tos}<br>{toggle}</p>'
 
 
-def _summary(pairs: list[dict[str, Any]], first: str, last: str) -> str:
+def _summary(pairs: list[Row], first: str, last: str) -> str:
     before = sum(bool(p["before"]["correct"]) for p in pairs)
     after = sum(bool(p["after"]["correct"]) for p in pairs)
     fixed = sum(p["change"] == "fixed" for p in pairs)
@@ -83,8 +83,8 @@ def _summary(pairs: list[dict[str, Any]], first: str, last: str) -> str:
             f"at {escape(last)}: {after} · <b>{fixed} fixed</b>, <b>{broken} broken</b></p>")
 
 
-def _table(pairs: list[dict[str, Any]], first: str, last: str) -> str:
-    def cell(r: dict[str, Any]) -> str:
+def _table(pairs: list[Row], first: str, last: str) -> str:
+    def cell(r: Row) -> str:
         mark = "✓" if r["correct"] else "✗"
         error = f'<div class="dropped">{escape(r["error"])}</div>' if r.get("error") else ""
         return f"{mark} {num(r['reward'])}<pre>{clip(r['completion'], 400)}</pre>{error}"

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Any
 
 from gfcr.report.decode import Decode, run_decoder, safe
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import clip, href, num, page, seg, when
+from gfcr.report.rows import Row
 
 MAX_TOKENS = 4000
 """Tokens of one turn drawn one by one; a longer turn shows its text whole after them."""
@@ -34,7 +34,7 @@ def rollout_page(ctx: Context, run_id: str, rollout_id: str) -> str:
                         (f"step {row['step']}", href(f"/runs/{seg(run_id)}/rollouts", {"step": row["step"]}))])
 
 
-def _facts(run_id: str, row: dict[str, Any]) -> str:
+def _facts(run_id: str, row: Row) -> str:
     run = seg(run_id)
     prompt_link = href(f"/prompts/{seg(row['prompt_id'])}", {"runs": run_id})
     rewards = ", ".join(f"{escape(str(k))}={num(v)}" for k, v in (row.get("rewards") or []))
@@ -59,7 +59,7 @@ def _facts(run_id: str, row: dict[str, Any]) -> str:
     return "<dl class=\"facts\">" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
-def _lineage(ctx: Context, run_id: str, row: dict[str, Any]) -> str:
+def _lineage(ctx: Context, run_id: str, row: Row) -> str:
     run = seg(run_id)
     parent = row.get("parent_id")
     parts = [f"parent: <a href=\"/runs/{run}/rollouts/{seg(parent)}\">{escape(parent)}</a>" if parent
@@ -74,7 +74,7 @@ def _lineage(ctx: Context, run_id: str, row: dict[str, Any]) -> str:
     return '<h2>Lineage</h2><ul id="lineage">' + "".join(f"<li>{p}</li>" for p in parts) + "</ul>"
 
 
-def _timeline(row: dict[str, Any], decode: Decode | None) -> str:
+def _timeline(row: Row, decode: Decode | None) -> str:
     turns = row.get("turns") or []
     advantages = row.get("turn_advantages") or []
     out = []

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from html import escape
-from typing import Any
 
 from gfcr.core.browse import TEXT_CAP, RolloutPage, RolloutQuery
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
 from gfcr.ui.params import integer, rollout_query, run_list
+from gfcr.report.rows import Row
 
 BINS = 20
 _FIELDS = (("step", "step", 5), ("kept", "kept (true/false)", 5), ("stage", "dropped by", 12),
@@ -60,7 +60,7 @@ def _partial(base: str, query: RolloutQuery, found: RolloutPage) -> str:
             "</span>")
 
 
-def _histogram(base: str, query: RolloutQuery, bins: list[dict[str, Any]], partial: str = "") -> str:
+def _histogram(base: str, query: RolloutQuery, bins: list[Row], partial: str = "") -> str:
     """An SVG bar per reward bin, each a link to the rows of that reward range."""
     if not bins:
         return f'<p class="muted">no scored rollout matches: no reward histogram{partial}</p>'
@@ -97,7 +97,7 @@ def _pager(base: str, query: RolloutQuery, total: int, complete: bool = True) ->
     return " ".join(links)
 
 
-def _rows_table(run_id: str, rows: list[dict[str, Any]]) -> str:
+def _rows_table(run_id: str, rows: list[Row]) -> str:
     run = seg(run_id)
     cells = [[f'<a href="/runs/{run}/rollouts/{seg(r["rollout_id"])}">{escape(r["rollout_id"])}</a>',
               str(r["step"]), f'<a href="/runs/{run}/groups/{seg(r["group_id"])}">{escape(r["group_id"][:12])}</a>'
@@ -144,7 +144,7 @@ def prompt_page(ctx: Context, prompt_id: str, params: Mapping[str, str]) -> str:
     rows = ctx.browse().prompt_rows(prompt_id, runs, limit).to_pylist()
     if not rows:
         raise UiError(404, f"no rollout of prompt {prompt_id!r} in run(s) {runs}")
-    columns: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    columns: dict[tuple[str, int], list[Row]] = {}
     for r in rows:
         columns.setdefault((r["run_id"], r["step"]), []).append(r)
     cols = "".join(

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from html import escape
-from typing import Any
 
 import yaml
 
 from gfcr.report.data import ReportError, load_run
+from gfcr.report.rows import Row
 from gfcr.ui.context import Context, UiError
 from gfcr.ui.html import clip, href, num, page, pct, seg, status_badge, table, when
 from gfcr.ui.params import run_list
@@ -100,7 +100,7 @@ def steps_table(ctx: Context, run_id: str) -> str:
                   "approx KL", "seconds", "committed"], cells, cls="steps")
 
 
-def _spec(spec_yaml: str | None) -> dict[str, Any]:
+def _spec(spec_yaml: str | None) -> dict[str, object]:
     try:
         data = yaml.safe_load(spec_yaml or "")
     except yaml.YAMLError:
@@ -108,13 +108,13 @@ def _spec(spec_yaml: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _pipeline(spec: dict[str, Any], spec_yaml: str | None) -> str:
-    def kind(value: Any) -> str:
+def _pipeline(spec: dict[str, object], spec_yaml: str | None) -> str:
+    def kind(value: object) -> str:
         return escape(str(value.get("type", "?"))) if isinstance(value, dict) else "–"
     parts = [f"<li>{name}: <b>{kind(spec.get(name))}</b></li>"
              for name in ("task", "policy", "engine", "warmstart") if spec.get(name)]
     listed = spec.get("stages")
-    stages: list[Any] = listed if isinstance(listed, list) else []
+    stages: list[object] = listed if isinstance(listed, list) else []
     chain = " → ".join(f"<b>{kind(s)}</b>" for s in stages)
     return (f"<ul>{''.join(parts)}<li>stages: {chain or '–'}</li></ul>"
             f"<details><summary>spec (YAML)</summary><pre>{escape(spec_yaml or '')}</pre></details>")
@@ -127,7 +127,7 @@ def _evaluations(ctx: Context, run_id: str) -> str:
     base = f"/runs/{seg(run_id)}/evaluations"
     first = str(rows[0]["label"] or "")
 
-    def label(r: dict[str, Any]) -> str:  # a link to the prompts this evaluation flipped
+    def label(r: Row) -> str:  # a link to the prompts this evaluation flipped
         text = str(r["label"] or "")
         if not text or text == first:
             return escape(text)
@@ -183,7 +183,7 @@ def _phase_times(ctx: Context, run_id: str) -> str:
     return "<h3>Phase times</h3>" + table(["phase", "seconds (all steps)", "per step"], cells)
 
 
-def series(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
+def series(ctx: Context, params: Mapping[str, str]) -> dict[str, object]:
     """``/api/series?runs=A,B[&source=steps]``: per run, its steps and the chosen series,
     as ``gfcr report`` reads them (gfcr.report.data.load_run); ``source=steps``: only
     those the ``steps`` table holds (a few rows a run, however many rollouts it has: the
@@ -194,7 +194,7 @@ def series(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     source = params.get("source", "all")
     if source not in ("all", "steps"):
         raise UiError(400, f"bad parameter: source={source!r} must be all or steps")
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for run_id in runs:
         ctx.run(run_id)
         marker = ctx.browse().marker(run_id) or {}
@@ -205,7 +205,7 @@ def series(ctx: Context, params: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def _series(ctx: Context, run_id: str, steps_only: bool) -> dict[str, Any]:
+def _series(ctx: Context, run_id: str, steps_only: bool) -> dict[str, object]:
     if steps_only:
         rows = ctx.reads().steps(run_id).to_pylist()
         steps = [r["step"] for r in rows]
@@ -223,7 +223,7 @@ def _series(ctx: Context, run_id: str, steps_only: bool) -> dict[str, Any]:
     return {"steps": data.steps, "series": {k: data.series[k] for k in SERIES if data.has(k)}}
 
 
-def _float(value: Any) -> float:
+def _float(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 

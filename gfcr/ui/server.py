@@ -20,7 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gfcr.ui import pages_evals, pages_rollout, pages_rollouts, pages_runs
@@ -93,7 +93,7 @@ class UiServer(ThreadingHTTPServer):
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: object, client_address: object) -> None:
         """A browser that closed its connection early (a page left, a feed dropped) is
         normal here; nothing is printed."""
 
@@ -117,7 +117,7 @@ class _Request(BaseHTTPRequestHandler):
     server: UiServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: a page per click
+    def log_message(self, format: str, *args: object) -> None:  # quiet: a page per click
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
@@ -179,7 +179,7 @@ class _Request(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        last: Any = None
+        last: object = None
         beat = time.monotonic()
         try:
             while not self.server.stopping.is_set():
@@ -198,7 +198,7 @@ class _Request(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-def _marker(ctx: Context, run_id: str) -> Any:
+def _marker(ctx: Context, run_id: str) -> object:
     """A run's marker, or (no run named) every run's (id, status, steps); an error's text."""
     try:
         if run_id:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 import pytest
 
+from gfcr.launch.placement import Placement
 from gfcr.core.engine import GenRequest, SamplingParams
 from gfcr.core.stage import StageSpec, register
 from gfcr.launch.run import execute
@@ -63,7 +64,7 @@ def test_three_steps_split_across_both_servers_at_the_versions_that_sampled_them
     urls = tuple(s.url for s in fleet)
     p = _pipeline(3, TokenBudget(budget=60, split="off", abort="stop"))
     summary = execute(p, root=tmp_path, executor="local", run_id="fleet3",
-                      fleet=Fleet(urls=urls, keep=5))
+                      placement=Placement(generator=Fleet(urls=urls, keep=5)))
     assert summary.steps == 3
     rows = _rows(tmp_path).to_pylist()
     updates = [0]  # the learner's version at each step: the updates before it
@@ -117,7 +118,7 @@ def test_a_server_killed_mid_step_loses_no_rollout_and_the_run_ends_on_the_other
     warnings = Warnings()
     p = _pipeline(3, _KillServer(pgid=victim.proc.pid, step=1))
     summary = execute(p, root=tmp_path, executor="local", hooks=[warnings],
-                      fleet=Fleet(urls=(survivor.url, victim.url), timeout_s=60))
+                      placement=Placement(generator=Fleet(urls=(survivor.url, victim.url), timeout_s=60)))
     victim.proc.wait()
     assert summary.steps == 3
     rows = _rows(tmp_path)
@@ -192,7 +193,7 @@ def test_resume_on_a_fleet_trains_on_the_stored_rows(
     ).with_overrides(["evaluation.size=4", "evaluation.max_tokens=4", "checkpoint.every=2"])
     with pytest.raises(Crash):
         execute(p, root=tmp_path, executor="local", run_id="fleet-resume",
-                fleet=Fleet(urls=urls), hooks=[CrashAt(2)])
+                placement=Placement(generator=Fleet(urls=urls)), hooks=[CrashAt(2)])
     trained: dict[int, list[Any]] = {}
     update = LocalLearner.update
 
@@ -203,7 +204,7 @@ def test_resume_on_a_fleet_trains_on_the_stored_rows(
 
     monkeypatch.setattr(LocalLearner, "update", recording)
     summary = execute(p, root=tmp_path, executor="local", run_id="fleet-resume",
-                      fleet=Fleet(urls=urls))
+                      placement=Placement(generator=Fleet(urls=urls)))
     assert summary.resumed_from == 1 and sorted(trained) == [2, 3]
     rows = _rows(tmp_path)
     ids = rows["rollout_id"].to_pylist()

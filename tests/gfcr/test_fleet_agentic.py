@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gfcr.launch.placement import Placement
 from gfcr import Pipeline
 from gfcr.core.rollout import loss_mask
 from gfcr.launch.run import execute
@@ -67,7 +68,7 @@ def test_agentic_episodes_run_two_steps_on_the_fleet_token_exact(
     data["policy"] = VLLM_POLICY.model_dump()
     data["engine"] = vllm_engine_spec().model_dump()
     summary = execute(Pipeline(**data), root=tmp_path, executor="local", run_id="ep-fleet",
-                      fleet=Fleet(urls=tuple(sorted(urls)), keep=5))
+                      placement=Placement(generator=Fleet(urls=tuple(sorted(urls)), keep=5)))
     assert summary.steps == 2
     _check_store(tmp_path, "ep-fleet")  # 2 x 2 tasks x 8 episodes, with their turns
     rows = _rows(tmp_path, "ep-fleet")
@@ -102,7 +103,7 @@ def test_agent_env_serves_an_openai_client_agent_from_the_fleet(
     urls = {s.url for s in fleet}
     p = _agent_pipeline(VLLM_POLICY, "follow_up")
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-fleet",
-                      fleet=Fleet(urls=tuple(sorted(urls))))
+                      placement=Placement(generator=Fleet(urls=tuple(sorted(urls)))))
     assert summary.steps == 1
     rows = _rows(tmp_path, "agent-fleet")
     assert len(rows) == 4 and len({r["rollout_id"] for r in rows}) == 4
@@ -130,7 +131,7 @@ def test_a_turn_the_servers_refuse_fails_the_run_naming_the_stage_and_the_fleet(
     with pytest.raises(ValueError, match="the fleet refused request .* of stage 'episodes' "
                                          "at step 0: vLLM server http://.*HTTP 400"):
         execute(p, root=tmp_path, executor="local",
-                fleet=Fleet(urls=tuple(s.url for s in fleet)))
+                placement=Placement(generator=Fleet(urls=tuple(s.url for s in fleet))))
 
 
 def test_an_overlong_conversation_on_a_fleet_fails_only_itself(
@@ -146,7 +147,7 @@ def test_an_overlong_conversation_on_a_fleet_fails_only_itself(
                        max_position=512)  # VLLM_POLICY's weights, a longer context
     p = _agent_pipeline(policy, "one_long")
     summary = execute(p, root=tmp_path, executor="local", run_id="agent-long",
-                      fleet=Fleet(urls=tuple(s.url for s in fleet)))
+                      placement=Placement(generator=Fleet(urls=tuple(s.url for s in fleet))))
     assert summary.steps == 1
     rows = _rows(tmp_path, "agent-long")
     errors = [r["score_error"] for r in rows if r["score_error"] is not None]

@@ -65,14 +65,6 @@ def test_a_fleet_that_cannot_serve_fails_naming_every_server() -> None:
     assert all(f"{u}: vLLM server {u}: /gfcr/weights failed" in message for u in urls)
 
 
-def test_a_run_request_generates_on_its_fleet_or_in_process() -> None:
-    from gfcr.launch.flow import RunRequest, _generation
-
-    fleet = _generation(RunRequest(fleet=("http://a:1", "http://b:1"), generate_timeout=30))
-    assert fleet == Fleet(urls=("http://a:1", "http://b:1"), timeout_s=30)
-    assert _generation(RunRequest()) is None
-
-
 def test_a_group_shares_a_server_and_goes_back_to_it_while_the_load_stays_fair() -> None:
     """Placement alone (no request is sent): a task's episodes name their group, and the
     next turn-wave finds each group on the server that holds its conversation so far."""

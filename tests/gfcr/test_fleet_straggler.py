@@ -17,6 +17,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from gfcr.launch.placement import Placement
 from gfcr.core.stage import StageSpec, register
 from gfcr.launch.run import execute
 from gfcr.runner.weights import WeightStore, directory
@@ -81,7 +82,7 @@ def test_a_stalled_servers_requests_pass_their_deadline_are_aborted_and_served_e
     healthy, straggler = fleet[0], proxies[1]
     p = _pipeline(_Straggle(urls=[straggler.url], step=0))
     summary = execute(p, root=tmp_path, executor="local", run_id="straggler",
-                      fleet=Fleet(urls=(straggler.url, healthy.url), timeout_s=30, keep=5))
+                      placement=Placement(generator=Fleet(urls=(straggler.url, healthy.url), timeout_s=30, keep=5)))
     assert summary.steps == 2
     rows = _table(tmp_path, "SELECT * FROM rollouts WHERE run_id = ? "
                             "ORDER BY step, rollout_id", "straggler")
@@ -112,7 +113,7 @@ def test_a_step_no_server_makes_progress_in_fails_naming_the_servers_and_stores_
     p = _pipeline(_Straggle(urls=urls, step=1))
     with pytest.raises(FleetDown) as failed:
         execute(p, root=tmp_path, executor="local", run_id="stalled",
-                fleet=Fleet(urls=tuple(urls), timeout_s=20, attempts=2))
+                placement=Placement(generator=Fleet(urls=tuple(urls), timeout_s=20, attempts=2)))
     message = str(failed.value)
     assert message.startswith("the fleet cannot serve stage 'group' at step 1: request ")
     assert "failed 2 times: " in message  # its attempts, one on each server

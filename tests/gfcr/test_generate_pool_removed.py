@@ -1,7 +1,7 @@
 """The engine-worker generate path was removed (issue 24): ``gfcr run --generate-pool``,
 a run request's ``generate_pool`` and ``execute(generate_pool=POOL)`` fail at once with
-an error that names the fleet replacing it, before anything is written. A Fleet passed
-as ``generate_pool`` (the older name of ``fleet``) is still taken."""
+an error that names the fleet replacing it, before anything is written (a fleet is
+now given as ``placement=Placement(generator=Fleet(...))``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from gfcr import execute
-from gfcr.launch.placement import GeneratePoolRemoved, generation
+from gfcr.launch.placement import GeneratePoolRemoved
 from gfcr.transport.fleet import Fleet
 from gfcr.transport.remote.pool import WorkerPool
 from tests.conftest import tiny_pipeline
@@ -36,7 +36,7 @@ def test_gfcr_run_with_a_generate_pool_fails_naming_the_fleet(tmp_path: Path) ->
 
 
 def test_execute_with_a_generate_pool_fails_naming_the_fleet(tmp_path: Path) -> None:
-    for pool in ("gpu", WorkerPool(pool="gpu")):
+    for pool in ("gpu", WorkerPool(pool="gpu"), Fleet(urls=("http://a:1",))):
         with pytest.raises(GeneratePoolRemoved, match=NAMES_THE_FLEET):
             execute(tiny_pipeline(steps=1), root=tmp_path, executor="local",
                     generate_pool=pool)
@@ -48,14 +48,3 @@ def test_a_run_request_with_a_generate_pool_fails_naming_the_fleet() -> None:
 
     with pytest.raises(ValidationError, match=NAMES_THE_FLEET):
         RunRequest(generate_pool="gpu")
-
-
-def test_a_fleet_is_taken_as_fleet_or_by_its_older_name_once() -> None:
-    fleet = Fleet(urls=("http://a:1",))
-    assert generation(fleet, None) is fleet
-    assert generation(None, fleet) is fleet
-    assert generation(None, None) is None
-    with pytest.raises(ValueError, match="give the fleet once"):
-        generation(fleet, fleet)
-    with pytest.raises(TypeError, match="expected a gfcr.transport.fleet.Fleet"):
-        generation("http://a:1", None)

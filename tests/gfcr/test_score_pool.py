@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from gfcr.launch.placement import Placement
 from gfcr import execute
 from gfcr.transport.remote.call import Refused, code_hash
 from gfcr.transport.remote.pool import NoEngineWorker, WorkerPool
@@ -92,7 +93,7 @@ def test_scoring_runs_on_the_workers_with_the_in_process_scores(
     pipeline = tiny_pipeline(steps=2, task=Digits()).with_overrides(["group.max_tokens=1"])
     local = execute(pipeline, root=tmp_path / "local", executor="local")
     remote = execute(pipeline, root=tmp_path / "remote", executor="local",
-                     score_pool=WorkerPool(pool=POOL, timeout_s=240, warn_s=120))
+                     placement=Placement(scorer=WorkerPool(pool=POOL, timeout_s=240, warn_s=120)))
     scored = [*COMPARE, "rewards", "score_error", "score_isolation", "drop_reason"]
     a = _rows(tmp_path / "local", local.run_id, scored)
     b = _rows(tmp_path / "remote", remote.run_id, scored)
@@ -139,7 +140,7 @@ def test_no_worker_on_the_pool_fails_at_the_timeout_naming_it(
     with pytest.raises(NoEngineWorker, match=r"verify\[step=0\]: no engine worker of pool "
                                              r"'nobody' took the call within 3 s"):
         execute(tiny_pipeline(steps=1), root=tmp_path, executor="prefect", hooks=[Warned()],
-                score_pool=WorkerPool(pool="nobody", timeout_s=3, warn_s=1))
+                placement=Placement(scorer=WorkerPool(pool="nobody", timeout_s=3, warn_s=1)))
     # said once: the filter task's retries do not wait the timeout again
     assert sum("waiting for an engine worker of pool 'nobody'" in w for w in warnings) == 1
     with RolloutStore.open(tmp_path / "store", read_only=True) as s:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gfcr.launch.placement import Placement
 from gfcr import execute
 from gfcr.runner import checkpoint
 from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
@@ -75,7 +76,7 @@ def test_a_lora_run_on_a_fleet_is_refused_before_it_generates(tmp_path: Path) ->
 
     with pytest.raises(ValueError, match="the servers do not load yet"):
         execute(_pipeline(1), root=tmp_path, executor="local",
-                fleet=Fleet(urls=("http://127.0.0.1:9",)))
+                placement=Placement(generator=Fleet(urls=("http://127.0.0.1:9",))))
 
 
 def test_an_async_lora_run_generates_ahead_on_its_own_copy_with_the_adapter(
