@@ -17,11 +17,14 @@ for both sides.
   defaults (what a hand-written loop does; ``loss.item()`` once per update);
 - gfcr: ``GRPO(micro_batch=4 x micro, micro_batch_tokens=micro x longest row)``'s
   learner (the same memory bound as the plain loop's largest micro-batch):
-  micro-batches planned by token slots (stages.train.batching), the shared-prefix
-  forward, the chunked head, fused AdamW on CUDA, no host sync per micro-batch.
+  micro-batches planned by cost (stages.train.batching), each packed (stages.packing:
+  every token once, a group's prompt shared, no padding) or padded after a shared prefix,
+  whichever costs less; the chunked head, fused AdamW on CUDA, no host sync per
+  micro-batch.
 
 Figures: ``vs_plain_torch`` (gfcr tokens/s over the plain loop's; target >= 1),
-``packing_waste`` (padded share of the token slots gfcr's forward runs; target < 0.05),
+``packing_waste`` (padded share of the token slots gfcr's forward runs, 0 in a packed
+micro-batch; target < 0.05),
 ``plain_padding_waste`` (the same share for the plain loop), and on CUDA ``mfu`` and
 ``plain_mfu`` (6 x parameters x tokens / s over ``--peak-tflops``; the H200's dense bf16
 989 by default) and ``peak_mb``. CPU runs use one torch thread (as the HF engine sets)

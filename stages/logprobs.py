@@ -6,9 +6,12 @@ they import it and not each other.
 
 The convention (gfcr.core.engine): a token's logprob is ``log_softmax(logits / T)`` at its
 position, of the raw logits for ``T == 0``, in float32; padding positions hold 0 with
-``mask`` false. The prompts' longest common token prefix is run once and its KV cache
-repeated over the batch (the shared-prefix forward of "Prefix Grouper", 2025) when that
-pays; otherwise one right-padded pass.
+``mask`` false. The rows run packed (:mod:`stages.packing`: one row of every token once,
+a GRPO group's prompt shared, no padding) or padded: the prompts' longest common token
+prefix run once and its KV cache repeated over the batch (the shared-prefix forward of
+"Prefix Grouper", 2025) when that pays, then one right-padded pass. :func:`route` weighs
+the two by the cost model :mod:`stages.train.batching` plans micro-batches with, so a
+micro-batch takes the path its plan counted on.
 
 At a real vocabulary (SmolLM2: 49,152 entries) the logits are most of the memory: a
 batch of 64 completions of 256 tokens holds 3.2 GB of float32 logits, and autograd keeps
@@ -36,6 +39,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from stages import packing
+from stages.packing import packed_forward
 
 CHUNK_TOKENS = 256
 """The fewest completion tokens of a chunk (49,152 x 256 float32 logits is 50 MB)."""
@@ -75,20 +81,23 @@ def chunk_size(device: torch.device, vocab: int) -> int:
 
 def completion_scores(model: Any, prompts: list[list[int]], completions: list[list[int]],
                       temperature: float = 1.0, pad_id: int = 0, *,
-                      entropy: Entropy | None = None, chunk_tokens: int | None = None
+                      entropy: Entropy | None = None, chunk_tokens: int | None = None,
+                      pack: bool | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(logprobs, mask, entropies or None)``, each ``[B, longest completion]`` and 0 on
     padding: :func:`completion_logprobs` plus, when ``entropy`` is given (it maps ``[N,
     V]`` scaled logits to ``[N]``), the entropy of each token's next-token distribution.
     Computed from the hidden states ``chunk_tokens`` completion tokens at a time (None:
-    :func:`chunk_size` of the model's device and vocabulary)."""
+    :func:`chunk_size` of the model's device and vocabulary). ``pack``: the packed path
+    (True, where the model allows it) or the padded one (False); None: the cheaper."""
     head = _plain_head(model)
     if head is None:
         logits, targets, mask = completion_logits(model, prompts, completions,
-                                                  temperature, pad_id)
+                                                  temperature, pad_id, pack=pack)
         ent = None if entropy is None else entropy(logits).masked_fill(~mask, 0.0)
         return gather_logprobs(logits, targets, mask), mask, ent
-    hidden, targets, mask, flat = _completion_rows(model, head, prompts, completions, pad_id)
+    hidden, targets, mask, flat = _completion_rows(model, head, prompts, completions, pad_id,
+                                                   pack)
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
     wanted = targets.reshape(-1).index_select(0, flat)
     size = chunk_tokens or chunk_size(rows.device, head.out_features)
@@ -150,15 +159,14 @@ def _score_chunk(head: torch.nn.Linear, rows: torch.Tensor, targets: torch.Tenso
 
 
 def _completion_rows(model: Any, head: torch.nn.Linear, prompts: list[list[int]],
-                     completions: list[list[int]], pad_id: int
+                     completions: list[list[int]], pad_id: int, pack: bool | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(hidden, targets, mask, flat)``: the last hidden state predicting each completion
     token ``[B, T, H]``, the token ids and the mask of real tokens, both ``[B, T]``, and
     the flat indices of the real tokens in ``[B * T]`` (built on the host: no sync)."""
     body = getattr(model, model.base_model_prefix)  # getattr: transformers' own naming
-    out, where, k = _forward(body, prompts, completions, pad_id)
-    hidden = out.last_hidden_state
-    picked = hidden.gather(1, where[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    out, where = _forward(body, prompts, completions, pad_id, pack)
+    picked = _pick(out.last_hidden_state, where)
     targets, mask = _targets(completions, torch.device("cpu"))
     flat = mask.reshape(-1).nonzero().squeeze(1)
     device = where.device
@@ -170,31 +178,41 @@ MIN_SHARED = 8
 
 
 def completion_logits(model: Any, prompts: list[list[int]], completions: list[list[int]],
-                      temperature: float = 1.0, pad_id: int = 0
+                      temperature: float = 1.0, pad_id: int = 0, pack: bool | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logits / T, targets, mask)``: float32 logits ``[B, T, V]`` predicting each
     completion token (divided by ``T`` unless ``T == 0``), the token ids ``[B, T]`` and
     the mask of real tokens ``[B, T]``. Shared-prefix forward where it pays (see
     :func:`sequence_logprobs`), one right-padded pass otherwise. The whole batch's
     logits: for diagnostics and tests; training uses :func:`completion_scores`."""
-    out, where, _ = _forward(model, prompts, completions, pad_id)
-    logits = out.logits
-    picked = logits.gather(1, where[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+    out, where = _forward(model, prompts, completions, pad_id, pack)
+    picked = _pick(out.logits, where).float()
     targets, mask = _targets(completions, where.device)
     scaled = picked / temperature if temperature > 0 else picked
     return scaled, targets, mask
 
 
+def _pick(states: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``[B, T, D]``: the rows of ``states`` (``[R, W, D]``, read as ``R x W`` rows) at the
+    flat indices ``where`` ``[B, T]``."""
+    flat = states.reshape(-1, states.shape[-1]).index_select(0, where.reshape(-1))
+    return flat.view(*where.shape, states.shape[-1])
+
+
 def _forward(model: Any, prompts: list[list[int]], completions: list[list[int]],
-             pad_id: int) -> tuple[Any, torch.Tensor, int]:
-    """``(output, where, k)``: one forward pass over prompt + completion (after a shared
-    prefix of ``k`` tokens run once, when that pays) and, per completion token, the
-    position of the output that predicts it ``[B, T]``."""
+             pad_id: int, pack: bool | None = None) -> tuple[Any, torch.Tensor]:
+    """``(output, where)``: one forward pass over prompt + completion, packed
+    (:mod:`stages.packing`) where :func:`route` says that costs less, else padded (after a
+    shared prefix of ``k`` tokens run once, when that pays); and, per completion token,
+    the flat index of the output (read as ``rows x width``) that predicts it ``[B, T]``."""
     if len(prompts) != len(completions):
         raise ValueError(f"completion_logits: {len(prompts)!r} prompts but "
                          f"{len(completions)!r} completions")
     if any(not p for p in prompts):
         raise ValueError("completion_logits: every prompt needs at least one token")
+    chosen = route(model, prompts, completions)
+    if chosen is not None and (chosen.packs if pack is None else pack):
+        return packed_forward(model, prompts, completions, packing.mode(model))
     device = next(model.parameters()).device
     k, cache = _shared_prefix(model, prompts, device)
     ids, attn, width = _suffix_batch(prompts, completions, k, pad_id)
@@ -206,9 +224,34 @@ def _forward(model: Any, prompts: list[list[int]], completions: list[list[int]],
                     position_ids=positions, past_key_values=cache, use_cache=True)
     n_out = max((len(c) for c in completions), default=0)
     # completion token j of row i is predicted at suffix position len(prompt_i) - k - 1 + j
-    starts = torch.tensor([len(p) - k - 1 for p in prompts], device=device)
-    where = (starts[:, None] + torch.arange(n_out, device=device)[None, :]).clamp(max=width - 1)
-    return out, where, k
+    starts = torch.tensor([len(p) - k - 1 + i * width for i, p in enumerate(prompts)],
+                          device=device)
+    where = starts[:, None] + torch.arange(n_out, device=device)[None, :]
+    ends = torch.tensor([(i + 1) * width - 1 for i in range(len(prompts))], device=device)
+    return out, torch.minimum(where, ends[:, None])
+
+
+def route(model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+          ) -> packing.Costs | None:
+    """The two paths' costs for these rows (:func:`stages.packing.costs`; the packed one is
+    taken when it is the cheaper), or None where packing is not available (a sharded
+    model, a sliding window shorter than a sequence)."""
+    longest = max((len(p) + len(c) for p, c in zip(prompts, completions)), default=0)
+    if _sharded(model) or not packing.window_allows(model, longest):
+        return None
+    return packing.costs(prompts, completions, how=packing.mode(model),
+                         pairs=packing.pair_cost(model), prefix=padded_prefix(model, prompts))
+
+
+def padded_prefix(model: Any, prompts: Sequence[Sequence[int]]) -> int:
+    """The common prefix the padded path runs once for these prompts (0: none)."""
+    k = common_prefix(prompts)
+    # transformers turns the cache off under gradient checkpointing in training mode
+    recompute = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
+    # a sharded model's ranks must run as many forwards as each other, whatever rows
+    if k < MIN_SHARED or len(prompts) < 2 or recompute or _sharded(model):
+        return 0
+    return k
 
 
 def _targets(completions: list[list[int]], device: torch.device
@@ -234,11 +277,8 @@ def _shared_prefix(model: Any, prompts: list[list[int]], device: torch.device
                    ) -> tuple[int, Any]:
     """``(k, cache)``: the common prefix length and its KV cache repeated over the batch,
     or ``(0, None)`` when sharing does not pay or the cache cannot be repeated."""
-    k = common_prefix(prompts)
-    # transformers turns the cache off under gradient checkpointing in training mode
-    recompute = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
-    # a sharded model's ranks must run as many forwards as each other, whatever rows
-    if k < MIN_SHARED or len(prompts) < 2 or recompute or _sharded(model):
+    k = padded_prefix(model, prompts)
+    if not k:
         return 0, None
     shared = model(input_ids=torch.tensor([prompts[0][:k]], device=device), use_cache=True)
     cache = shared.past_key_values

@@ -26,12 +26,11 @@ def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[li
     completion token: the engine's convention (:func:`stages.engines.hf.batch_token_logprobs`,
     same shapes and values). Returns ``(logprobs, mask)``, both ``[B, T]``.
 
-    The prompts' longest common token prefix is run once and its KV cache repeated over
-    the batch (the shared-prefix forward of "Prefix Grouper", 2025): a GRPO group
-    shares its whole prompt and a task's prompts often share a template, so this saves
-    most of the compute on short completions. Gradients flow through the shared part.
-    Falls back to one right-padded pass when the prefix is short or the model's cache
-    cannot be repeated.
+    The rows run packed where that costs less (:mod:`stages.packing`: one row holding
+    every token once, a GRPO group's prompt shared by its completions, no padding),
+    else padded: the prompts' longest common token prefix run once and its KV cache
+    repeated over the batch (the shared-prefix forward of "Prefix Grouper", 2025), then
+    one right-padded pass. Gradients flow through the shared part either way.
     """
     logprobs, mask, _ = completion_scores(model, prompts, completions, temperature, pad_id)
     return logprobs, mask

@@ -35,7 +35,7 @@ from stages.train import offpolicy
 from stages.train import work as work_rows
 from stages.train.work import Work
 from stages.train import device as placing
-from stages.train.batching import OVERHEAD, plan, waste
+from stages.train.batching import plan, waste
 from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
 from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.lora import LoraTraining
@@ -145,7 +145,7 @@ class GRPOLearner:
         work = self.prepare(ctx, batch, adv, marks)
         metrics.update(work.metrics)
         metrics["packing_waste"] = waste(work.prompts, work.completions,
-                                         self._micro_batches(work))
+                                         self._micro_batches(work), model=self.policy.model)
         position = ctx.step if ctx is not None else self.updates
         metrics["lr"] = self.spec.lr * lr_factor(position, self.spec.lr_schedule,
                                                  warmup=self.spec.warmup_steps,
@@ -286,7 +286,7 @@ class GRPOLearner:
             runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
                         max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
                         shares_prefix=not self.spec.gradient_checkpointing,
-                        overhead=OVERHEAD.get(self.device.type, OVERHEAD["cpu"]))
+                        model=self.policy.model)
             work.plans[tuple(idx)] = [[idx[j] for j in run] for run in runs]
         return work.plans[tuple(idx)]
 

@@ -46,7 +46,7 @@ def test_token_budget_micro_batches_accumulate_to_the_full_batch_gradient(aggreg
         out.append((learner.loss_and_gradients(None, batch), grads(policy.model), n_parts))
     (full_loss, full, one), (acc_loss, acc, many) = out
     assert one == 1 and many >= 3
-    assert acc_loss == pytest.approx(full_loss, rel=1e-5)
+    assert acc_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-6)  # ~0 on policy
     for a, b in zip(full, acc):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
 
