@@ -58,7 +58,7 @@ def _policy(shape: dict[str, int], seed: int) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gfcr.core.engine import Policy
+    from gfcr.core.policy import Policy
     from stages.engines.tokenizers import ByteTokenizer
     from stages.engines.torch_io import TORCH_IO
 
@@ -74,7 +74,7 @@ def _batch(policy: Any, vocab: int) -> Any:
     import pyarrow as pa
     import torch
 
-    from stages.engines.hf import batch_token_logprobs
+    from stages.engines.hf_sampling import batch_token_logprobs
 
     rng = np.random.default_rng(0)
     prompts = rng.integers(3, vocab, (ROWS, PROMPT)).tolist()

@@ -65,7 +65,7 @@ def _filter_stage(text: str) -> Any:
     from pydantic import ValidationError
 
     from gfcr.core import yamlfile
-    from gfcr.core.stage import lookup
+    from gfcr.core.registry import lookup
 
     path = Path(text)
     try:

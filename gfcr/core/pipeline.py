@@ -27,7 +27,8 @@ from gfcr.core.composition import check_stages
 from gfcr.core.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
                                 LearnerPlacement, RewardRange)
 from gfcr.core.sizes import check_sizes
-from gfcr.core.stage import REGISTRY, STAGE_ORDER, Spec, StageSpec, load_plugins, lookup
+from gfcr.core.stage import STAGE_ORDER, Spec, StageSpec
+from gfcr.core.registry import REGISTRY, load_plugins, lookup
 
 COMPONENTS = ("task", "policy", "engine", "warmstart")
 """Pipeline fields resolved through the registry, by the kind of the same name."""

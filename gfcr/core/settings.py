@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.core import names
-from gfcr.core.stage import Spec, lookup
+from gfcr.core.stage import Spec
+from gfcr.core.registry import lookup
 
 
 class Sampled(Spec):

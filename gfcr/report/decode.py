@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gfcr.core.capabilities import DecodesTokens
-from gfcr.core.stage import lookup
+from gfcr.core.registry import lookup
 
 Decode = Callable[[Sequence[int]], str]
 

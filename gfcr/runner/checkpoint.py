@@ -20,7 +20,7 @@ A checkpoint is written into a hidden ``.tmp-*`` folder, each file flushed to di
 leaves a folder that readers skip (and the next save removes). After each save the newest
 ``keep`` complete checkpoints stay and older ones are deleted, so a crash during a save
 always leaves the previous one. The tensor files are written and read by the policy's
-framework (``Policy.io``, gfcr.core.engine.TensorIO; for torch: safetensors and
+framework (``Policy.io``, gfcr.core.policy.TensorIO; for torch: safetensors and
 ``torch.load(weights_only=True)``, stages.engines.torch_io), so this module needs no
 tensor library, and nothing in a checkpoint runs code when loaded.
 
@@ -48,7 +48,7 @@ import pyarrow.ipc as ipc
 from pydantic import BaseModel, ConfigDict
 
 from gfcr.core.capabilities import EngineRng
-from gfcr.core.engine import TensorIO
+from gfcr.core.policy import TensorIO
 from gfcr.runner.durable import fsync
 
 FORMAT = 1
@@ -101,7 +101,7 @@ def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, le
          engine: Any, progress: dict[str, Any], keep: int,
          ahead: dict[int, pa.Table] | None = None) -> Checkpoint:
     """Write the state after ``step`` to ``where/step-<step>`` atomically, then keep the
-    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.core.engine.Policy` (its
+    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.core.policy.Policy` (its
     tensor I/O); ``learner`` a :class:`gfcr.core.services.Learner`, which writes the weights;
     ``engine`` may have ``get_rng_state()``; ``ahead`` the batches generated ahead."""
     io = _io(policy)
@@ -183,7 +183,7 @@ def _io(policy: Any) -> TensorIO:
     """The policy's checkpoint file I/O; a policy built without one cannot be saved."""
     io: TensorIO | None = policy.io
     if io is None:
-        raise CheckpointError("the policy has no tensor I/O (gfcr.core.engine.Policy.io), so it "
+        raise CheckpointError("the policy has no tensor I/O (gfcr.core.policy.Policy.io), so it "
                               "cannot be checkpointed; its policy component must set one "
                               "(stages.engines.torch_io.TORCH_IO for torch models)")
     return io

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from gfcr.core.capabilities import AdapterWeights, EngineRng, EngineSleep
-from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy
+from gfcr.core.engine import Decision, Engine, Flight, Inflight
+from gfcr.core.policy import Policy
 from gfcr.core.services import Pending, Services, WeightHandle, awake
 from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
 from gfcr.core.stage import TrainResult

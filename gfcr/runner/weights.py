@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from gfcr.core.engine import TensorIO
+from gfcr.core.policy import TensorIO
 from gfcr.runner.durable import fsync
 from gfcr.runner.published import MANIFEST, VERSION_FOLDER as _NAME, digest
 

@@ -39,8 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, RequestRefused,
-                              SamplingParams, SegmentHook, encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, RequestRefused, SamplingParams, SegmentHook,
+                              encode_prompt, stop_token_ids)
+from gfcr.core.policy import Policy
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
 from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output

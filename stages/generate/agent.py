@@ -49,7 +49,8 @@ from gfcr.core import refs
 from gfcr.core.chat import chat_format
 from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.generate._agentrows import episode_rows, task_fields
 from stages.generate._episodes import Episode
 from stages.generate._limits import context_limit, max_token_chars

@@ -38,7 +38,8 @@ from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, Segm
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
                                PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
-from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
+from gfcr.core.stage import OnSegment, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.generate._calls import Outcome, call_all
 from stages.generate._policy import chat_tokenizer
 from stages.generate.rows import GENERATED_SCHEMA, plan_samples, rollout_row, to_table

@@ -31,7 +31,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from gfcr.core.refs import REF, resolve
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.tasks._readers import DataFileError, Format, Row, read
 
 SCORERS = ("exact", "math-verify")

@@ -17,7 +17,8 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from gfcr.core.stage import StageSpec, register
+from gfcr.core.stage import StageSpec
+from gfcr.core.registry import register
 from gfcr.launch.run import execute
 from gfcr.runner.weights import WeightStore, directory
 from gfcr.transport.fleet import Fleet

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.runner.inprocess import InProcessHandle
 from gfcr.runner.weights import MANIFEST, MissingVersion, WeightStore, directory
 from stages.engines.torch_io import TORCH_IO

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.pipeline import Pipeline
 from gfcr.launch.run import MemoryStash
 from gfcr.runner.inprocess import local_services

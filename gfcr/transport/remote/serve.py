@@ -39,7 +39,7 @@ def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
     from prefect.settings import PREFECT_API_URL
     from prefect.task_worker import serve
 
-    from gfcr.core.stage import load_plugins
+    from gfcr.core.registry import load_plugins
 
     url = PREFECT_API_URL.value()
     if not url:

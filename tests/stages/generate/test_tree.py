@@ -14,7 +14,7 @@ from gfcr.core.engine import FnHook
 from gfcr.core.rollout import PROMPT_SCHEMA, col, prompt_id
 from gfcr.launch.run import execute
 from stages import HF, GRPO, ReasoningGym, TinyLlama, TreeRollout, UniformSampler, Verify
-from stages.engines.hf import token_logprobs
+from stages.engines.hf_sampling import token_logprobs
 from stages.generate.tree import BRANCH_POS, edit_ratio
 from store import History, RolloutStore
 from tests.conftest import SUMS, tiny_pipeline
