@@ -117,8 +117,8 @@ def _execute(request: Any, executor: str, bars: Any, root: Path, store: Optional
     from gfcr.commands.warnings_log import warnings_to_log
     from gfcr.core.names import UnsafeName
     from gfcr.core.storage import backend
-    from gfcr.runner.cancel import RunCancelled
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.cancel import RunCancelled
+    from gfcr.checkpoints.resume import ResumeError
 
     try:
         with warnings_to_log(root.resolve() / "runs" / str(request.run_id) / "warnings.log") as warned:
@@ -161,7 +161,7 @@ def _exit_now(code: int) -> NoReturn:
 
 def _check_trackers(names: list[str]) -> None:
     """An unknown tracker, or one whose package is missing, refused before the run."""
-    from gfcr.runner.trackers import trackers
+    from gfcr.tracking.trackers import trackers
 
     try:
         trackers(tuple(names))
@@ -175,7 +175,7 @@ def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
     from gfcr.core.loading import load
     from gfcr.core.names import UnsafeName, check_run_id
     from gfcr.core.pipeline import PipelineError
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.resume import ResumeError
     from gfcr.transport.executors import named
 
     try:
@@ -194,7 +194,7 @@ def _run_spec(pipeline: Optional[str], steps: Optional[int], set_: list[str],
 def _resumed_pipeline(root: Path, store: Optional[str], run_id: str) -> Any:
     """The stored pipeline of ``run_id`` (which must exist) in the store."""
     from gfcr.core.storage import backend
-    from gfcr.runner.resume import stored_pipeline
+    from gfcr.checkpoints.resume import stored_pipeline
 
     lake = backend()
     try:

@@ -72,7 +72,7 @@ _NO_KEYS = pa.table({"step": pa.array([], pa.int64()), "group_id": pa.array([], 
 _NO_EVALS = "SELECT NULL::VARCHAR AS run_id, NULL::DOUBLE AS accuracy WHERE false"
 
 
-class BrowseReads:
+class LakeBrowseReads:
     """The live view's reads of ``store``; see gfcr.core.browse.BrowseReads."""
 
     def __init__(self, store: RolloutStore):
@@ -263,7 +263,7 @@ def _in_range(rows: pa.Table, query: RolloutQuery) -> pa.Table:
 
 
 def _bars(rewards: pa.ChunkedArray, bins: int) -> pa.Table:
-    """Equal reward bins over the scored ``rewards`` as BrowseReads.histogram gives them
+    """Equal reward bins over the scored ``rewards`` as LakeBrowseReads.histogram gives them
     (``bin``, ``low``, ``high``, ``n``; empty bins left out)."""
     bins = max(1, min(int(bins), 200))
     values = pc.drop_null(rewards).to_numpy()

@@ -4,8 +4,8 @@ With the Prefect executor ``gfcr run`` calls the module-level flow
 :func:`gfcr.launch.flow.pipeline_flow`, the one a deployment runs on a worker; with
 ``--executor local`` it runs the same request without Prefect, which it does not even
 import (gfcr.launch.request). Either way the first
-Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.runner.cancel`) and this
-raises :class:`~gfcr.runner.cancel.RunCancelled`; a second one stops at once
+Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.checkpoints.cancel`) and this
+raises :class:`~gfcr.checkpoints.cancel.RunCancelled`; a second one stops at once
 (KeyboardInterrupt).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from gfcr.commands.exits import RunExited, unfinished_exits_fail
 from gfcr.launch.request import RunRequest, extra_hooks, run_request
-from gfcr.runner.cancel import RunCancelled, Stop, on_signals
+from gfcr.checkpoints.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import Executor, PrefectExecutor, named
 
 
@@ -49,7 +49,7 @@ def _run(request: RunRequest, chosen: Executor, *, hooks: list[Any],
 
 
 def stopping(console: Any) -> Callable[[str], None]:
-    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.runner.cancel)."""
+    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.checkpoints.cancel)."""
     return lambda why: console.print(
         f"{why}: stopping after the step under way (again to stop at once)")
 

@@ -120,7 +120,7 @@ class SamplingTemperature(Protocol):
 @runtime_checkable
 class EngineRng(Protocol):
     """Optional on an engine: a sampling generator carried between calls, which a
-    checkpoint saves and restores (gfcr.runner.checkpoint)."""
+    checkpoint saves and restores (gfcr.checkpoints.checkpoint)."""
 
     def get_rng_state(self) -> object: ...
 

@@ -4,7 +4,7 @@ An engine turns token-id requests into completions, in *segments*: after every s
 ``SamplingParams.segment_tokens`` new tokens it shows the in-flight sequences to a hook,
 which may stop (abort, keep as partial) or prune any of them. A request that carries
 ``prefix_ids`` continues a partial rollout from those tokens instead of starting afresh.
-Engines also own the tokenizer and the policy version (``gfcr.core.policy.version``,
+Engines also own the tokenizer and the policy version (``Policy.version``,
 :mod:`gfcr.core.policy`), which advances on every weight update.
 
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
@@ -235,12 +235,12 @@ class Engine(Protocol):
 
     Optional: ``get_rng_state()`` / ``set_rng_state(state)`` for a sampling generator the
     engine carries between calls (used when ``SamplingParams.seed`` is None); checkpoints
-    save and restore it when present (:mod:`gfcr.runner.checkpoint`).
+    save and restore it when present (:mod:`gfcr.checkpoints.checkpoint`).
     """
 
     @property
     def version(self) -> int:
-        """gfcr.core.policy version of the weights in use; advances with every update."""
+        """Policy version of the weights in use; advances with every update."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

@@ -18,9 +18,10 @@ from typing import Any, ClassVar, Iterable
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from gfcr.core import problems as collect
+from gfcr.config import problems as collect
 
-from gfcr.core import names, overrides, yamlfile
+from gfcr.core import names
+from gfcr.config import overrides, yamlfile
 from gfcr.core.capabilities import check_engine
 from gfcr.core.composition import check_stages
 from gfcr.core.composition import check_stages
@@ -136,7 +137,7 @@ class Pipeline(Spec):
 
     @classmethod
     def from_yaml(cls, text: str, *, where: str = "YAML") -> "Pipeline":
-        """The pipeline of a YAML text (read by gfcr.core.yamlfile: bounded, duplicate keys
+        """The pipeline of a YAML text (read by gfcr.config.yamlfile: bounded, duplicate keys
         refused); its problems name ``where`` and the line."""
         try:
             data, lines = yamlfile.load_with_lines(text, where=where)

@@ -13,7 +13,7 @@ from gfcr.core.engine import Tokenizer
 
 
 class TensorIO(Protocol):
-    """How a policy's framework writes and reads checkpoint files (gfcr.runner.checkpoint), so the
+    """How a policy's framework writes and reads checkpoint files (gfcr.checkpoints.checkpoint), so the
     runtime needs no tensor library: the weights, a state file of tensors and plain data
     that loads without running code, and the framework's global random generators (with
     numpy's, in a form its state file holds). stages.engines.torch_io is torch's."""

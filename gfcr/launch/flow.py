@@ -7,7 +7,7 @@ ready name, a ``.py``/``.yaml`` path, or the YAML of a spec), what to override, 
 id and where the store, the run root and MLflow live (:class:`RunRequest`); nothing in
 them is a live object, so they survive the Prefect API and a deployment's defaults.
 
-While the flow runs it stops cleanly when asked (:mod:`gfcr.runner.cancel`): on the first
+While the flow runs it stops cleanly when asked (:mod:`gfcr.checkpoints.cancel`): on the first
 SIGINT/SIGTERM (what a worker sends when the flow run is cancelled from the UI, the CLI
 or the API) and when a watcher sees the flow run cancelled in the API (runs ``gfcr run``
 started in its own process have no worker to signal them). It then ends in Prefect's
@@ -33,7 +33,7 @@ from prefect.states import Cancelled
 from gfcr.core.pipeline import PipelineError
 from gfcr.launch.request import (RunRequest, _generation, extra_hooks, open_store,
                                  pipeline_from, resolve, run_request)
-from gfcr.runner.cancel import RunCancelled, Stop, on_signals
+from gfcr.checkpoints.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import FLOW_NAME, PrefectExecutor
 
 CANCEL_POLL_SECONDS = 5.0

@@ -83,7 +83,7 @@ def _runtime(pipeline: Pipeline, run_id: str, root: Path, stash: Any, store: Any
         raise ValueError(
             "train stage: lora is set and the run generates on a fleet of servers, which "
             "load whole published weights; a LoRA learner publishes its adapter alone "
-            "(gfcr.runner.weights), which the servers do not load yet. Generate in-process "
+            "(gfcr.weights.versions), which the servers do not load yet. Generate in-process "
             "(no fleet) or drop lora.")
     generator = _generator(pipeline, run_id, root, policy, learner, pools[0], notify)
     scorer = scoring.for_run(pools[1], pipeline, run_id, root, notify) or LocalScorer()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from gfcr.core.loading import load
 from gfcr.core.pipeline import Pipeline
-from gfcr.runner.cancel import Stop
+from gfcr.checkpoints.cancel import Stop
 from gfcr.transport.executors import Executor
 
 extra_hooks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
@@ -48,9 +48,9 @@ class RunRequest(BaseModel):
     """MLflow tracking URI (None: SQLite under the root)."""
     track: bool = True
     trackers: tuple[str, ...] = ("mlflow",)
-    """Where the run is tracked (gfcr.runner.trackers.TRACKERS), with ``track``."""
+    """Where the run is tracked (gfcr.tracking.trackers.TRACKERS), with ``track``."""
     export: str | None = None
-    """Export the policy to this folder when the run finishes (gfcr.runner.export)."""
+    """Export the policy to this folder when the run finishes (gfcr.checkpoints.export)."""
     generate_timeout: float = 600.0
     """With ``fleet``: each request's deadline; with ``score_pool``: seconds a step's
     score call may wait for a worker and run."""
@@ -75,7 +75,7 @@ class RunRequest(BaseModel):
 def resolve(request: RunRequest, store: Any) -> Pipeline:
     """The pipeline ``request`` names, with its overrides. Raises PipelineError (or
     ResumeError when a run to resume is missing)."""
-    from gfcr.runner.resume import stored_pipeline
+    from gfcr.checkpoints.resume import stored_pipeline
 
     if request.pipeline is None and request.resume and request.run_id:
         spec = stored_pipeline(store, request.run_id)
@@ -110,9 +110,9 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
     """Resolve and run ``request``; the run's RunSummary. ``named(run_id)`` is told the
     run's id before it starts."""
     from gfcr.launch.run import execute, new_run_id
-    from gfcr.runner.resume import ResumeError, stored_run
-    from gfcr.runner.export import ExportHook
-    from gfcr.runner.trackers import trackers
+    from gfcr.checkpoints.resume import ResumeError, stored_run
+    from gfcr.checkpoints.export import ExportHook
+    from gfcr.tracking.trackers import trackers
 
     tracked = trackers(request.trackers, mlflow_uri=request.tracking) if request.track else []
     if request.export is not None:

@@ -23,9 +23,9 @@ from gfcr.core.engine import Decision, Engine, Flight, Inflight
 from gfcr.core.policy import Policy
 from gfcr.core.services import Pending, Services, WeightHandle, awake
 from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
-from gfcr.core.stage import TrainResult
+from gfcr.core.stage import Task, TrainResult
 from gfcr.core.settings import Sampled
-from gfcr.runner.evaluation import evaluate
+from gfcr.evaluation.heldout import evaluate
 from gfcr.runner.filters import applied
 from gfcr.runner.serial import SerialCalls
 
@@ -129,7 +129,7 @@ class SameTensors:
     learner's module is only told its weights changed (vLLM then copies them into its
     own); one holding its own policy copies the handle's tensors in place."""
 
-    def __init__(self, engine: Engine, policy: Any, *, shared: bool) -> None:
+    def __init__(self, engine: Engine, policy: Policy, *, shared: bool) -> None:
         self.engine, self.policy, self.shared = engine, policy, shared
 
     def send(self, handle: WeightHandle) -> None:
@@ -161,7 +161,7 @@ class LocalGenerator:
     so the caller can train meanwhile; a load behind work in flight is queued with a
     frozen copy of the tensors, so the learner may update at once."""
 
-    def __init__(self, engine: Engine, policy: Any, *, shared: bool = True,
+    def __init__(self, engine: Engine, policy: Policy, *, shared: bool = True,
                  background: bool = False,
                  capabilities: frozenset[str] = frozenset()) -> None:
         self.engine, self.policy, self.shared = engine, policy, shared
@@ -189,7 +189,7 @@ class LocalGenerator:
         else:
             self._load_now(handle)
 
-    def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
+    def evaluate(self, task: Task, prompts: pa.Table, *, handle: WeightHandle,
                  max_tokens: int, progress: Callable[[int, int], None] | None,
                  sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         self.drain()

@@ -50,5 +50,5 @@ def bounded(table: pa.Table, bounds: RewardRange, step: int) -> tuple[pa.Table, 
     return table, count
 
 
-def _clip(value: Any, bounds: RewardRange) -> Any:
+def _clip(value: float | None, bounds: RewardRange) -> float | None:
     return value if value is None or value != value else min(max(value, bounds.low), bounds.high)

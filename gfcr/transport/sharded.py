@@ -14,10 +14,10 @@ What moves:
 - a batch goes to every rank; each computes the batch-level quantities (advantages,
   counts) and trains on its share of the rows (stages.train.ranks);
 - weights come back as files: after each update the ranks gather a full state dict to
-  rank 0, which publishes it as a version folder (gfcr.runner.weights.WeightStore); the handle
+  rank 0, which publishes it as a version folder (gfcr.weights.versions.WeightStore); the handle
   (:class:`ShardedHandle`) names that folder, and the in-process engine loads it into
   its own policy;
-- checkpoints: the flow process's checkpoint (gfcr.runner.checkpoint) gets the full weights file
+- checkpoints: the flow process's checkpoint (gfcr.checkpoints.checkpoint) gets the full weights file
   and, beside it, the ranks' sharded state (``learner.dcp``: torch.distributed.checkpoint),
   which loads on any number of ranks.
 
@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from gfcr.core.services import WeightHandle
 from gfcr.core.stage import StepContext, TrainResult
-from gfcr.runner.weights import WEIGHTS, WeightStore
+from gfcr.weights.versions import WEIGHTS, WeightStore
 from gfcr.transport import sharded_ranks
 from gfcr.transport.sharded_ranks import ADDRESS, KEY, StartFailed
 
@@ -72,7 +72,7 @@ class Setup:
     seed: int
     run_id: str
     weights: str
-    """The folder the ranks publish weight versions in (gfcr.runner.weights)."""
+    """The folder the ranks publish weight versions in (gfcr.weights.versions)."""
     keep: int
     device: str
     offload: bool

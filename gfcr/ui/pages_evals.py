@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
 
 _CHANGE = {(False, True): "fixed", (True, False): "broken"}
@@ -23,7 +23,7 @@ def label_order(label: str) -> tuple[int, str]:
     return (-1, label) if found is None else (int(found.group(1)), "")
 
 
-def evaluations_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> str:
+def evaluations_page(ctx: PageContext, run_id: str, params: Mapping[str, str]) -> str:
     ctx.run(run_id)
     eval_set = params.get("set", "heldout")
     rows = ctx.browse().eval_completions(run_id, eval_set, []).to_pylist()

@@ -17,7 +17,7 @@ completion text ending after the prefix; the token that completed it stays.
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
 truncation. That is exactly what a teacher-forced forward pass at the same temperature
-computes; :mod:`stages.engines.hf_sampling`'s ``stages.engines.hf_sampling`` is that pass
+computes; :mod:`stages.engines.hf_sampling`'s ``token_logprobs`` is that pass
 (:mod:`stages.logprobs`, which the trainer and Hints use too). It equals vLLM's
 ``processed_logprobs`` at ``top_p=1``; with ``top_p<1`` vLLM renormalises over the
 nucleus and this engine does not.

@@ -93,7 +93,7 @@ class VLLM(Spec):
     @property
     def weights_dtype(self) -> str:
         """vLLM holds its weights in its compute dtype, so published versions are
-        written in it (gfcr.runner.weights.FileSync)."""
+        written in it (gfcr.weights.versions.FileSync)."""
         return self.dtype
     max_model_len: int | None = Field(None, ge=2)
     """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from gfcr.core.stage import StepContext, TrainResult
-from gfcr.runner.weights import WeightStore
+from gfcr.weights.versions import WeightStore
 from gfcr.transport import sharded, sharded_ranks
 from stages.engines.torch_io import TORCH_IO
 from stages.train import fsdp
@@ -54,7 +54,7 @@ _NO_TASK = _NoTask()
 
 @dataclass(frozen=True)
 class _Gathered:
-    """A full state dict on rank 0, as gfcr.runner.weights.WeightStore.publish writes it."""
+    """A full state dict on rank 0, as gfcr.weights.versions.WeightStore.publish writes it."""
 
     state: dict[str, torch.Tensor]
 

@@ -11,7 +11,7 @@ import pytest
 
 from gfcr.core.rollout import col
 from store import RolloutStore, StoreError
-from store.reads import RunReads
+from store.reads import LakeRunReads
 from store._versions import SCHEMA_VERSION
 from tests.resources import old_store
 
@@ -88,7 +88,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
     and evaluations with completions are written beside it."""
     import pyarrow as pa
 
-    from gfcr.core.evaluations import COMPLETION_SCHEMA
+    from gfcr.evaluation.columns import COMPLETION_SCHEMA
     from store._versions import _EVAL_COLUMNS
 
     folder = tmp_path / "v2"
@@ -101,7 +101,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
             con.execute("DELETE FROM lake.schema_versions WHERE version = 3")])
     with RolloutStore.open(folder, read_only=True) as s:
         assert _versions(s) == [2]
-        assert RunReads(s).evaluations("r").to_pylist() == [
+        assert LakeRunReads(s).evaluations("r").to_pylist() == [
             {"step": 0, "accuracy": 0.25, "label": "step=0"}]
     done = pa.Table.from_pylist([
         {"prompt_id": "p", "sample": 0, "temperature": 0.0, "prompt": "1+1=", "answer": "2",
@@ -116,7 +116,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
         rows = s.sql("SELECT label, eval_set, pass_at[4] AS p4 "
                      "FROM evaluations ORDER BY step").to_pylist()
         stored = s.sql("SELECT eval_set, prompt_id, completion, correct FROM eval_completions")
-        held = RunReads(s).evaluations("r").to_pylist()
+        held = LakeRunReads(s).evaluations("r").to_pylist()
     assert rows == [{"label": "step=0", "eval_set": "heldout", "p4": None},
                     {"label": "step=1", "eval_set": "bench", "p4": 0.9}]
     assert stored.to_pylist() == [{"eval_set": "bench", "prompt_id": "p", "completion": "2",
