@@ -14,7 +14,7 @@ import contextlib
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
@@ -228,7 +228,7 @@ class LocalGenerator:
 
 
 @contextlib.contextmanager
-def _asleep(engine: EngineSleep) -> Any:
+def _asleep(engine: EngineSleep) -> Iterator[None]:
     """The engine asleep while the learner updates; awake again before the weight sync
     that follows (also when the update fails)."""
     engine.sleep()

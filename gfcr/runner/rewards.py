@@ -12,7 +12,6 @@ of 1e308 no longer reaches the learner, whose advantages and loss it would make 
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -72,9 +72,9 @@ class Summary(Protocol):
     def as_dict(self) -> Mapping[str, object]: ...
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+def flatten(data: object, prefix: str = "") -> dict[str, str]:
     """Nested spec -> {"stages.2.lr": "0.001", ...}; stages are keyed by their name."""
-    items: Iterable[tuple[Any, Any]]
+    items: Iterable[tuple[object, object]]
     if isinstance(data, dict):
         items = data.items()
     elif isinstance(data, list):

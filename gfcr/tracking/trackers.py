@@ -33,10 +33,11 @@ _NEEDS = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboa
 """tracker -> (module it imports, the gfcr extra that installs it)."""
 
 
-def trackers(names: tuple[str, ...], *, mlflow_uri: str | None = None) -> list[Any]:
+def trackers(names: tuple[str, ...], *, mlflow_uri: str | None = None
+             ) -> list[object]:
     """The hooks of ``names`` (each once, in the order given); ValueError naming a
     tracker that is unknown or whose package is not installed."""
-    hooks: list[Any] = []
+    hooks: list[object] = []
     for name in dict.fromkeys(names):
         if name not in TRACKERS:
             raise ValueError(f"tracker {name!r} is not one of {', '.join(TRACKERS)}")
