@@ -31,7 +31,7 @@ class ConfigLlama:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        from gfcr.core.engine import Policy
+        from gfcr.core.policy import Policy
         from stages.engines.torch_io import TORCH_IO
 
         config = LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden,

@@ -66,7 +66,7 @@ def fleet_pipeline(steps: int) -> Any:
 def _kill_past_checkpoint(root: Path, urls: list[str]) -> int:
     """Start a fleet run in a process of its own and ``kill -9`` it once steps past its
     newest checkpoint are committed; returns the last committed step."""
-    from gfcr.runner import checkpoint
+    from gfcr.checkpoints import checkpoint
     from store import RolloutStore
 
     code = ("import runpy, sys; from pathlib import Path; from gfcr.launch.run import "

@@ -154,7 +154,7 @@ def verifiers_gain(seeds: int, *, steps: int = 10, batch: int = 16, n: int = 8,
     """Held-out success gain (points) of GRPO in the two-tries environment over its warm
     start, over ``seeds`` seeds: ``verifiers_gain``, ``verifiers_gain_se`` and details."""
     from gfcr.launch.run import execute
-    from gfcr.runner.checkpoint import directory, latest
+    from gfcr.checkpoints.checkpoint import directory, latest
 
     started = time.perf_counter()
     warm = heldout(_pipeline(0, steps, batch, n, lr, cache), None, eval_size)

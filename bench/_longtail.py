@@ -20,7 +20,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages import SFT, TinyLlama
 
 CHARS = "abcdefgh"

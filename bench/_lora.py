@@ -24,7 +24,7 @@ linear layer of a block (``LoraSpec``'s default targets).
 - sync, in this process, median of 3: ``*_copy_s`` hands a version to an HF engine
   holding its own copy of the policy (an asynchronous run's): the whole state dict loaded
   in place, against the adapter's tensors copied into its adapter layers;
-  ``*_write_s`` publishes a version for a fleet (gfcr.runner.weights.FileSync): one
+  ``*_write_s`` publishes a version for a fleet (gfcr.weights.versions.FileSync): one
   ``model.safetensors`` of every weight, against the adapter folder in peft's format.
   ``adapter_sync_vs_full`` is the write's ratio (adapter over full),
   ``adapter_copy_vs_full`` the copy's; ``adapter_mb`` / ``full_mb`` the bytes moved.
@@ -58,7 +58,7 @@ def _policy(shape: dict[str, int], seed: int) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gfcr.core.engine import Policy
+    from gfcr.core.policy import Policy
     from stages.engines.tokenizers import ByteTokenizer
     from stages.engines.torch_io import TORCH_IO
 
@@ -74,7 +74,7 @@ def _batch(policy: Any, vocab: int) -> Any:
     import pyarrow as pa
     import torch
 
-    from stages.engines.hf import batch_token_logprobs
+    from stages.engines.hf_sampling import batch_token_logprobs
 
     rng = np.random.default_rng(0)
     prompts = rng.integers(3, vocab, (ROWS, PROMPT)).tolist()
@@ -148,7 +148,7 @@ def sync(shape: dict[str, int]) -> dict[str, float]:
     import torch
 
     from gfcr.runner.inprocess import InProcessHandle
-    from gfcr.runner.weights import FileSync, WeightStore
+    from gfcr.weights.versions import FileSync, WeightStore
     from stages import GRPO, HF
     from stages.engines.torch_io import TORCH_IO
 

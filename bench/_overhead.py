@@ -186,7 +186,7 @@ def runtime_overhead(pipeline: Pipeline, *, steps: int = 12, clock: str = "wall"
     figures, the runtime's CPU by thread, the work inflation against a bare run, the
     Prefect server's CPU per step and the pipeline measured. The warm start is shared
     with ``gfcr run`` through ``cache`` (trained there once if missing)."""
-    from gfcr.runner.tracking import MlflowHook
+    from gfcr.tracking.mlflow_hook import MlflowHook
 
     quiet_prefect()  # as `gfcr run` runs it
     pipeline = pipeline.with_overrides([f"steps={steps}"])

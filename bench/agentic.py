@@ -38,7 +38,7 @@ from gfcr import Pipeline  # noqa: E402
 from gfcr.core.loading import load  # noqa: E402
 from gfcr.core.stage import StepContext  # noqa: E402
 from gfcr.launch.run import execute  # noqa: E402
-from gfcr.runner.checkpoint import directory, latest  # noqa: E402
+from gfcr.checkpoints.checkpoint import directory, latest  # noqa: E402
 from stages import HF, Episodes  # noqa: E402
 
 ENGINES = {"hf": [], "vllm": ["engine=vllm"]}

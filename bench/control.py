@@ -57,7 +57,7 @@ from gfcr.runner.runtime import Record  # noqa: E402
 from stages import (GRPO, HF, ActivePartialRollouts, GroupSample, OnlinePrune,  # noqa: E402
                     RecyclePartials, TokenBudget, UniformSampler, Verify)
 from stages.replay.recycle import recycle_counts  # noqa: E402
-from store import History, RolloutStore  # noqa: E402
+from store import LakeHistory, RolloutStore  # noqa: E402
 
 sys.path.insert(0, _HERE)
 from _longtail import MAX_TOKENS, POLICY, WARMSTART, Repeat  # noqa: E402
@@ -94,8 +94,8 @@ def _runtime(p: Pipeline, store: RolloutStore, run_id: str, policy: Any) -> Runt
     store.start_run(run_id, pipeline=p.name, spec_yaml=p.to_yaml(), spec_hash=p.spec_hash(),
                     code_version="bench")
 
-    def history(step: int) -> History:
-        return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+    def history(step: int) -> LakeHistory:
+        return LakeHistory(store, run_id, as_of_step=step - 1) if step else LakeHistory(store, run_id)
     engine = p.engine.build(policy, seed=p.seed)
     return Runtime(pipeline=p, task=p.task, services=local_services(engine, policy, None),
                    stash=MemoryStash(),

@@ -80,7 +80,7 @@ class Target:
 
 def _publish(where: Path, seed: int, version: int = 1) -> Path:
     """A real published version of the tiny policy with ``seed`` (another model)."""
-    from gfcr.runner.weights import WeightStore
+    from gfcr.weights.versions import WeightStore
     from tests.resources.vllm import VLLM_POLICY
 
     policy = VLLM_POLICY.build(seed=seed)

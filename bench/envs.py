@@ -40,7 +40,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 from gfcr import Evaluation, Pipeline  # noqa: E402
 from gfcr.core.stage import StepContext  # noqa: E402
 from gfcr.launch.run import execute  # noqa: E402
-from gfcr.runner.checkpoint import directory  # noqa: E402
+from gfcr.checkpoints.checkpoint import directory  # noqa: E402
 from stages import (GRPO, HF, ReasoningGym, SmolLM2, TextArenaEnv,  # noqa: E402
                     UniformSampler)
 

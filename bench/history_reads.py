@@ -1,4 +1,4 @@
-"""Benchmark the operators' history reads: typed ``History.rows`` plus Arrow aggregation
+"""Benchmark the operators' history reads: typed ``LakeHistory.rows`` plus Arrow aggregation
 in the operator (issue 21, item 6) against the per-operator SQL the store ran before, in
 the same run and on the same store.
 
@@ -37,7 +37,7 @@ from stages.replay.gdro import step_losses  # noqa: E402
 from stages.replay.recycle import pending_partials  # noqa: E402
 from stages.replay.rollout_replay import recent_trained  # noqa: E402
 from store import RolloutStore  # noqa: E402
-from store.history import History  # noqa: E402
+from store.history import LakeHistory  # noqa: E402
 
 RUN = "bench"
 _SRC = "(SELECT * FROM lake.rollouts WHERE run_id = 'bench') AS rollouts"
@@ -74,8 +74,8 @@ BASELINE = {
 }
 
 
-def typed(history: History, name: str, now: int) -> pa.Table:
-    """The operator's read as it is now: ``History.rows`` and Arrow."""
+def typed(history: LakeHistory, name: str, now: int) -> pa.Table:
+    """The operator's read as it is now: ``LakeHistory.rows`` and Arrow."""
     if name == "prompt_evidence":
         return _reads.prompt_evidence(history, now=now, half_life=8.0)
     if name == "step_losses":
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         build(Path(tmp) / "store", args.rows, args.steps)
         with RolloutStore.open(Path(tmp) / "store", read_only=True) as store:
             now = args.steps
-            history = History(store, RUN, as_of_step=args.steps - 1)
+            history = LakeHistory(store, RUN, as_of_step=args.steps - 1)
             for name, sql in BASELINE.items():
                 old = median(lambda: store.sql(sql(now)))
                 new = median(lambda: typed(history, name, now))

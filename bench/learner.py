@@ -54,7 +54,7 @@ from safetensors.torch import load_file  # noqa: E402
 from bench._config_llama import SMOLLM2, ConfigLlama  # noqa: E402
 from gfcr.core.stage import StepContext  # noqa: E402
 from gfcr.transport.sharded import Setup, ShardedLearner  # noqa: E402
-from stages.engines.hf import batch_token_logprobs  # noqa: E402
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.train.grpo import GRPO  # noqa: E402
 
 SPEED = ConfigLlama(layers=4, hidden=256, heads=4, kv_heads=4, intermediate=688, vocab=512)

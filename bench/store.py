@@ -4,8 +4,8 @@
    sizes (prompts of ~200 tokens, completions of ~1024 tokens with their ids and
    logprobs) against ``pyarrow.parquet.write_table`` of the same Arrow table. Reported as
    rollouts/s for each and their ratio ``commit_vs_parquet`` (target >= 0.7).
-2. History latency over 1M stored rollouts: the ``prompt_history`` view over every prompt
-   (``history_query_s_1m``, target < 1 s on 2 cores) and ``History.prompt_stats`` for a
+2. LakeHistory latency over 1M stored rollouts: the ``prompt_history`` view over every prompt
+   (``history_query_s_1m``, target < 1 s on 2 cores) and ``LakeHistory.prompt_stats`` for a
    batch of 256 prompts, as a curriculum stage calls it each step. Median of 3 after a
    warm-up.
 
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from gfcr.core.rollout import ROLLOUT_SCHEMA, col  # noqa: E402
 from store import RolloutStore  # noqa: E402
-from store.history import History  # noqa: E402
+from store.history import LakeHistory  # noqa: E402
 
 GROUP = 8
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
@@ -122,7 +122,7 @@ def bench_history(root: Path, total: int, per_step: int = 65_536) -> dict[str, f
         everything = median(lambda: store.sql("SELECT * FROM prompt_history"))
         n_prompts = store.sql("SELECT count(*) AS n FROM prompt_history").to_pylist()[0]["n"]
         batch = [f"p{p:07d}" for p in range(0, 50_000, 50_000 // 256)][:256]
-        history = History(store, run_id="hist")
+        history = LakeHistory(store, run_id="hist")
         some = median(lambda: history.prompt_stats(batch))
     return {"history_rows": total, "history_prompts": n_prompts, "history_query_s_1m": everything,
             "prompt_stats_256_s": some}

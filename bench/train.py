@@ -70,8 +70,8 @@ from gfcr.core.pipeline import Pipeline
 from gfcr.core.rollout import col  # noqa: E402
 from gfcr.runner.inprocess import local_services  # noqa: E402
 from gfcr.runner.loop import Runtime, run_step  # noqa: E402
-from gfcr.runner.stash import MemoryStash  # noqa: E402
-from stages.engines.hf import batch_token_logprobs  # noqa: E402
+from gfcr.transport.stash import MemoryStash  # noqa: E402
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.engines.tiny import TinyLlama  # noqa: E402
 
 

@@ -12,8 +12,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gfcr.core.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, Policy,
-                                  SamplingParams, Tokenizer)
+    from gfcr.core.engine import (Engine, Flight, GenOutput, GenRequest, Inflight, SamplingParams,
+                                  Tokenizer)
+    from gfcr.core.policy import Policy
     from gfcr.core.environment import Environment, Message, Step, Tool, register_env
     from gfcr.core.loading import load
     from gfcr.core.pipeline import (Checkpointing, Evaluation, LearnerPlacement, Pipeline,
@@ -21,15 +22,16 @@ if TYPE_CHECKING:
     from gfcr.core.settings import EvalSet, Sampled
     from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
     from gfcr.core.services import Generator, Learner, Scorer, Services, WeightHandle, WeightSync
-    from gfcr.core.stage import (FilterResult, Spec, StageSpec, StepContext, TrainResult, lookup,
-                                 register)
+    from gfcr.core.stage import FilterResult, Spec, StageSpec, StepContext, TrainResult
+    from gfcr.core.registry import lookup, register
     from gfcr.launch.hooks import RunSummary
     from gfcr.launch.placement import Placement
     from gfcr.launch.run import execute
 
 _WHERE = {
-    "gfcr.core.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight", "Policy",
-                    "SamplingParams", "Tokenizer"),
+    "gfcr.core.engine": ("Engine", "Flight", "GenOutput", "GenRequest", "Inflight",
+                         "SamplingParams", "Tokenizer"),
+    "gfcr.core.policy": ("Policy",),
     "gfcr.core.environment": ("Environment", "Message", "Step", "Tool", "register_env"),
     "gfcr.core.pipeline": ("Checkpointing", "Evaluation", "LearnerPlacement", "Pipeline",
                       "PipelineError"),
@@ -41,8 +43,8 @@ _WHERE = {
     "gfcr.launch.run": ("execute",),
     "gfcr.core.services": ("Generator", "Learner", "Scorer", "Services", "WeightHandle",
                       "WeightSync"),
-    "gfcr.core.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult", "lookup",
-                   "register"),
+    "gfcr.core.stage": ("FilterResult", "Spec", "StageSpec", "StepContext", "TrainResult"),
+    "gfcr.core.registry": ("lookup", "register"),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 

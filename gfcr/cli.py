@@ -124,8 +124,8 @@ def _execute(launch: Launch, executor: str, bars: ProgressBars, root: Path,
     from gfcr.commands.warnings_log import warnings_to_log
     from gfcr.core.names import UnsafeName
     from gfcr.core.storage import backend
-    from gfcr.runner.cancel import RunCancelled
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.cancel import RunCancelled
+    from gfcr.checkpoints.resume import ResumeError
 
     try:
         with warnings_to_log(root.resolve() / "runs" / launch.run_id / "warnings.log") as warned:
@@ -167,7 +167,7 @@ def _exit_now(code: int) -> NoReturn:
 
 def _check_trackers(names: list[str]) -> None:
     """An unknown tracker, or one whose package is missing, refused before the run."""
-    from gfcr.runner.trackers import trackers
+    from gfcr.tracking.trackers import trackers
 
     try:
         trackers(tuple(names))
@@ -187,7 +187,7 @@ def _launch(request: RunRequest, executor: str, placement: Optional[Path],
     from gfcr.launch import placement as place
     from gfcr.launch.ledger import open_ledger
     from gfcr.launch.request import resolve
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.resume import ResumeError
     from gfcr.transport.executors import named
 
     lake = backend()

@@ -9,8 +9,9 @@ through :func:`lookup_advantage`::
 
 The protocol is ``estimator(rewards [N], group_ids [N], components=None) -> [N]``;
 ``components`` is an optional ``[N, K]`` array of named reward components (the rollout
-``rewards`` map, see :func:`reward_components`). Only ``gdpo`` reads it; the others accept
-and ignore it, so ``lookup_advantage(name)(rewards, group_ids)`` works for every name.
+``rewards`` map, as :func:`stages.reward_components.reward_components` gives it). Only
+``gdpo`` reads it; the others accept and ignore it, so
+``lookup_advantage(name)(rewards, group_ids)`` works for every name.
 
 Every group estimator gives *exactly* 0 to each row of a flat group, so such rows carry no
 gradient whatever the floating-point rounding of the baseline; ``reinforce`` does the same
@@ -30,7 +31,7 @@ of any finite size up to :data:`MAX_REWARD` give finite advantages; a squared de
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Protocol, Sequence
+from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -319,8 +320,8 @@ def gdpo(rewards: np.ndarray, group_ids: np.ndarray, components: np.ndarray | No
     the batch mean is 0 and only the division is applied (so flat rows stay exactly 0;
     the authors' code uses eps 1e-4, we keep the module's 1e-6).
 
-    ``components`` is ``[N, K]`` (see :func:`reward_components`); the scalar ``rewards``
-    is then only checked for its length. With ``components=None`` the scalar reward is
+    ``components`` is ``[N, K]`` (:func:`stages.reward_components.reward_components`); the
+    scalar ``rewards`` is then only checked for its length. With ``components=None`` the scalar reward is
     the single component: GRPO followed by the batch normalisation.
     """
     rewards, _, _ = _groups(rewards, group_ids)
@@ -345,24 +346,6 @@ def gdpo(rewards: np.ndarray, group_ids: np.ndarray, components: np.ndarray | No
     g = _centred(summed, np.zeros(len(summed), dtype=np.int64))  # scaled: no overflow
     std = np.sqrt(np.sum(g.centred**2) / (len(summed) - 1))
     return g.scaled / (std + _in_units(EPS, g.scale))
-
-
-def reward_components(entries: Sequence[Mapping[str, float] | Sequence[tuple[str, float]]
-                                        | None]) -> tuple[list[str], np.ndarray]:
-    """The rollout ``rewards`` column (MAP<string, double>, as ``to_pylist`` gives it: a
-    list of ``(key, value)`` pairs per row, or dicts) as ``(sorted names, [N, K] array)``
-    for ``gdpo``. Every row must carry the same keys; the ValueError names the row."""
-    rows: list[dict[str, Any]] = [dict(e) if e is not None else {} for e in entries]
-    names = sorted(set().union(*rows)) if rows else []
-    out = np.zeros((len(rows), len(names)))
-    for i, row in enumerate(rows):
-        if sorted(row) != names:
-            raise ValueError(f"reward_components: row {i!r} has components {sorted(row)!r}, "
-                             f"the batch has {names!r}")
-        out[i] = [row[k] for k in names]
-    if not np.all(np.isfinite(out)):
-        raise ValueError("reward_components: component values must be finite")
-    return names, out
 
 
 def known_advantage(name: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from gfcr.core.evaluations import HELDOUT
+from gfcr.evaluation.columns import HELDOUT
 
 from ._tables import EVAL_COMPLETIONS_SCHEMA, EVALUATIONS_SCHEMA
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-from gfcr.core.evaluations import COMPLETION_SCHEMA
+from gfcr.evaluation.columns import COMPLETION_SCHEMA
 from gfcr.core.rollout import ROLLOUT_SCHEMA, SchemaError
 
 from ._duck import quote_ident, rollback, with_retry
@@ -74,7 +74,7 @@ EVAL_COMPLETIONS_SCHEMA = pa.schema(
      pa.field("step", pa.int64(), nullable=False),
      pa.field("label", pa.string(), nullable=False),
      pa.field("eval_set", pa.string(), nullable=False)] + list(COMPLETION_SCHEMA))
-"""One row per completion an evaluation generated (``gfcr.core.evaluations``): the
+"""One row per completion an evaluation generated (``gfcr.evaluation.columns``): the
 evaluation's run, step, label and set, then the prompt, sample and completion with its
 reward. Replaced with its ``evaluations`` row (schema version 3)."""
 

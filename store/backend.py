@@ -13,18 +13,18 @@ from typing import Any
 from gfcr.core.storage import StoreBackend
 
 from ._guard import ReadOnlyError
-from .browse import BrowseReads
+from .browse import LakeBrowseReads
 from ._location import StoreError, resolve
-from .history import History
+from .history import LakeHistory
 from .lake import RolloutStore
 from .lease import LeaseHeld, LeaseLost, LeaseRow, RunLease, hold, leases
 from .maintenance import CompactResult, compact, export
-from .reads import RunReads
+from .reads import LakeRunReads
 from .script import statements
 
 
 class LakeBackend:
-    """Opens :class:`RolloutStore` s and builds their :class:`History` views."""
+    """Opens :class:`RolloutStore` s and builds their :class:`LakeHistory` views."""
 
     errors: tuple[type[Exception], ...] = (StoreError, ReadOnlyError, LeaseHeld, LeaseLost)
 
@@ -33,21 +33,21 @@ class LakeBackend:
         return RolloutStore.open(uri, read_only=read_only, create=create)
 
     def history(self, store: RolloutStore, run_id: str | None, *, as_of_step: int | None = None,
-                as_of_snapshot: int | None = None) -> History:
+                as_of_snapshot: int | None = None) -> LakeHistory:
         if as_of_step is not None:
-            return History(store, run_id, as_of_step=as_of_step)
-        return History(store, run_id, as_of_snapshot=as_of_snapshot)
+            return LakeHistory(store, run_id, as_of_step=as_of_step)
+        return LakeHistory(store, run_id, as_of_snapshot=as_of_snapshot)
 
     def export(self, store: RolloutStore, dest: Path, *, format: str, table: str,
                match: Mapping[str, Any] | None) -> Path:
         return export(store, dest, format=format, table=table,  # type: ignore[arg-type]
                       match=match)
 
-    def reads(self, store: RolloutStore) -> RunReads:
-        return RunReads(store)
+    def reads(self, store: RolloutStore) -> LakeRunReads:
+        return LakeRunReads(store)
 
-    def browse(self, store: RolloutStore) -> BrowseReads:
-        return BrowseReads(store)
+    def browse(self, store: RolloutStore) -> LakeBrowseReads:
+        return LakeBrowseReads(store)
 
     def compact(self, store: RolloutStore) -> CompactResult:
         return compact(store)

@@ -68,7 +68,7 @@ _NO_KEYS = pa.table({"step": pa.array([], pa.int64()), "group_id": pa.array([], 
                      "sample_idx": pa.array([], pa.int32()), "rollout_id": pa.array([], pa.string()),
                      "reward": pa.array([], pa.float64())})
 
-class BrowseReads:
+class LakeBrowseReads:
     """The live view's reads of ``store``; see gfcr.core.browse.BrowseReads."""
 
     def __init__(self, store: RolloutStore):
@@ -238,7 +238,7 @@ def _in_range(rows: pa.Table, query: RolloutQuery) -> pa.Table:
 
 
 def _bars(rewards: pa.ChunkedArray, bins: int) -> pa.Table:
-    """Equal reward bins over the scored ``rewards`` as BrowseReads.histogram gives them
+    """Equal reward bins over the scored ``rewards`` as LakeBrowseReads.histogram gives them
     (``bin``, ``low``, ``high``, ``n``; empty bins left out)."""
     bins = max(1, min(int(bins), 200))
     values = pc.drop_null(rewards).to_numpy()

@@ -1,8 +1,8 @@
-"""History: the typed read API that replay and curriculum stages use, with time travel.
+"""LakeHistory: the typed read API that replay and curriculum stages use, with time travel.
 
-A ``History`` is a view of the store's past, optionally restricted to one run and pinned
+A ``LakeHistory`` is a view of the store's past, optionally restricted to one run and pinned
 to a DuckLake snapshot. Pinning makes resume exact: the loop reads the history *as of its
-last committed step* (``History(store, run_id=r, as_of_step=n - 1)`` before step ``n``),
+last committed step* (``LakeHistory(store, run_id=r, as_of_step=n - 1)`` before step ``n``),
 and since every commit is one snapshot, a run resumed after a crash reads exactly the
 rows — and so draws exactly the prompts — that the original run did, even if other runs
 have committed since.
@@ -53,7 +53,7 @@ LINEAGE_SCHEMA = pa.schema([
 """A rollout (depth 0) and its ancestors through ``parent_id`` (depth 1, 2, ...)."""
 
 
-class History:
+class LakeHistory:
     """The store's history, optionally for one run and as of a snapshot or a step.
 
     ``as_of_step`` needs ``run_id`` and pins the snapshot that committed that step;
@@ -82,7 +82,7 @@ class History:
         self._at_snapshot: str | None = None
 
     def __repr__(self) -> str:
-        return f"History({self.store.uri!r}, run_id={self.run_id!r}, snapshot={self.snapshot!r})"
+        return f"LakeHistory({self.store.uri!r}, run_id={self.run_id!r}, snapshot={self.snapshot!r})"
 
     @property
     def uri(self) -> str:

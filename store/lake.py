@@ -164,7 +164,7 @@ class RolloutStore:
                           eval_set: str = "heldout", sampled: dict[str, Any] | None = None,
                           completions: pa.Table | None = None) -> None:
         """Record an evaluation in ``evaluations`` (and its ``completions``,
-        ``gfcr.core.evaluations.COMPLETION_SCHEMA``, in ``eval_completions``), replacing the
+        ``gfcr.evaluation.columns.COMPLETION_SCHEMA``, in ``eval_completions``), replacing the
         run's rows of the same ``label`` and ``eval_set`` (a resumed run that evaluates
         again stores them once). ``sampled``: see ``store._evals.evaluation_row``."""
         self._writable("record_evaluation")

@@ -24,7 +24,7 @@ _KIND = ("CASE WHEN NOT kept THEN 'dropped' WHEN reward >= 1 THEN 'right' "
          "WHEN reward IS NOT NULL THEN 'wrong' ELSE 'unscored' END")
 
 
-class RunReads:
+class LakeRunReads:
     """Named reads of ``store``'s runs; see gfcr.core.storage.RunReads for each contract."""
 
     def __init__(self, store: RolloutStore):

@@ -5,7 +5,7 @@ The learner owns the policy (gfcr.core.services.Learner); weights leave it only 
 that generators load. So ``<something policy>.model`` (``policy.model``,
 ``self._policy.model``, ``engine.policy.model``) may appear only in the engines
 (``stages/engines/``) and the learner and warm start (``stages/train/``); the Policy's
-own methods (gfcr.core.engine.Policy) use ``self.model``, which is not such a reach.
+own methods (gfcr.core.policy.Policy) use ``self.model``, which is not such a reach.
 
 Usage: ``python tools/policy_model.py``; exit status 1 naming each reach (file:line).
 CI runs it (.ci/run). Benchmarks and tests are harnesses and are not checked.

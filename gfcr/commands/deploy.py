@@ -63,7 +63,7 @@ def submit(
     from gfcr.core.pipeline import PipelineError
     from gfcr.launch.deploy import DeployError
     from gfcr.launch.deploy import submit as start
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.resume import ResumeError
 
     try:
         done = start(deployment, overrides=set_, resume=resume)

@@ -53,7 +53,7 @@ def envs(source: Optional[str] = typer.Argument(
 def listing() -> tuple[list["EnvEntry"], dict[str, str]]:
     """The entries of every source, and the sources that failed to list (why)."""
     from gfcr.core.environment import CATALOGUES, ENVIRONMENTS, EnvEntry
-    from gfcr.core.stage import load_plugins
+    from gfcr.core.registry import load_plugins
 
     load_plugins()
     out = [EnvEntry("registered", name, f'Episodes(env="{name}")', _first_line(factory))

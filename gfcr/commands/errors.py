@@ -1,6 +1,6 @@
 """Turn the errors a user can cause or fix into one paragraph for ``gfcr run``.
 
-Beyond pipeline and resume errors (gfcr.core.pipeline, gfcr.runner.resume), a run can fail because
+Beyond pipeline and resume errors (gfcr.core.pipeline, gfcr.checkpoints.resume), a run can fail because
 of where it writes: a read-only store or root, a full disk, a folder it may not write.
 Those arrive from deep inside DuckDB, SQLite (the store's catalog and leases, MLflow) or
 the file system, often wrapped, as hundreds of lines of traceback that never name the
@@ -29,8 +29,8 @@ _MARKERS = {"no space left": "the disk is full", "database or disk is full": "th
             "permission denied": "permission denied", "disk quota": "the disk quota is exceeded"}
 _OWNERS = (("store.lease", "lease"), ("store", "store"), ("duckdb", "store"),
            ("_duckdb", "store"), ("mlflow", "mlflow"), ("sqlalchemy", "mlflow"),
-           ("alembic", "mlflow"), ("prefect", "prefect"), ("gfcr.runner.checkpoint", "checkpoints"),
-           ("torch", "checkpoints"), ("gfcr.runner.stash", "staging"), ("gfcr.report", "report"))
+           ("alembic", "mlflow"), ("prefect", "prefect"), ("gfcr.checkpoints.checkpoint", "checkpoints"),
+           ("torch", "checkpoints"), ("gfcr.transport.stash", "staging"), ("gfcr.report", "report"))
 """Module name prefixes of the code that raised, and what it was writing."""
 _SHORT_WRITE = ("unexpected pos", "file write failed")
 """What torch's checkpoint writer raises on a short write, with no errno (a full disk)."""

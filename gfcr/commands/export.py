@@ -1,5 +1,5 @@
 """``gfcr export RUN [--step N] --out DIR``: a run's policy as a folder that
-``transformers.AutoModelForCausalLM.from_pretrained`` loads (gfcr.runner.export)."""
+``transformers.AutoModelForCausalLM.from_pretrained`` loads (gfcr.checkpoints.export)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def export(
 ) -> None:
     """Write RUN's policy after a checkpointed step as a transformers folder."""
     from gfcr.core.storage import backend
-    from gfcr.runner.checkpoint import CheckpointError
-    from gfcr.runner.export import ExportError, export_run
-    from gfcr.runner.resume import ResumeError
+    from gfcr.checkpoints.checkpoint import CheckpointError
+    from gfcr.checkpoints.export import ExportError, export_run
+    from gfcr.checkpoints.resume import ResumeError
 
     if lora not in ("merged", "adapter"):
         _fail(f"--lora must be 'merged' or 'adapter', got {lora!r}")

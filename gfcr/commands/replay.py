@@ -64,8 +64,8 @@ def _filter_stage(text: str) -> Any:
     """A filter stage config from ``--filter`` text, through the stage registry."""
     from pydantic import ValidationError
 
-    from gfcr.core import yamlfile
-    from gfcr.core.stage import lookup
+    from gfcr.config import yamlfile
+    from gfcr.core.registry import lookup
 
     path = Path(text)
     try:

@@ -4,8 +4,8 @@ With the Prefect executor ``gfcr run`` calls the module-level flow
 :func:`gfcr.launch.flow.pipeline_flow`, the one a deployment runs on a worker; with
 ``--executor local`` it runs the same request without Prefect, which it does not even
 import (gfcr.launch.request). Either way the first
-Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.runner.cancel`) and this
-raises :class:`~gfcr.runner.cancel.RunCancelled`; a second one stops at once
+Ctrl-C or SIGTERM stops the run at the next step boundary (:mod:`gfcr.checkpoints.cancel`) and this
+raises :class:`~gfcr.checkpoints.cancel.RunCancelled`; a second one stops at once
 (KeyboardInterrupt).
 """
 
@@ -18,7 +18,7 @@ from typing import Callable, Protocol, Sequence
 from gfcr.commands.exits import RunExited, unfinished_exits_fail
 from gfcr.launch.hooks import RunSummary
 from gfcr.launch.request import Launch, RunRequest, extra_hooks, run_request, settled
-from gfcr.runner.cancel import RunCancelled, Stop, on_signals
+from gfcr.checkpoints.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import Executor, PrefectExecutor, named
 
 
@@ -58,7 +58,7 @@ class Console(Protocol):
 
 
 def stopping(console: Console) -> Callable[[str], None]:
-    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.runner.cancel)."""
+    """What ``gfcr run`` says on ``console`` when asked to stop (gfcr.checkpoints.cancel)."""
     return lambda why: console.print(
         f"{why}: stopping after the step under way (again to stop at once)")
 

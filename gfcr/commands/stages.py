@@ -36,7 +36,7 @@ def kind_order() -> tuple[str, ...]:
 def stages(type_: Optional[str] = typer.Argument(
         None, metavar="[TYPE]", help="A stage or component type: print its fields.")) -> None:
     """List every stage and component type (kind, module, summary), or one type's fields."""
-    from gfcr.core.stage import REGISTRY, load_plugins
+    from gfcr.core.registry import REGISTRY, load_plugins
 
     load_plugins()
     console = Console() if sys.stdout.isatty() else Console(width=200)
@@ -57,7 +57,7 @@ def stages(type_: Optional[str] = typer.Argument(
 
 def overview() -> Table:
     """One row per registered type: type, kind, module and the docstring's first line."""
-    from gfcr.core.stage import REGISTRY
+    from gfcr.core.registry import REGISTRY
 
     table = Table("type", "kind", "module", "summary", box=None, pad_edge=False)
     for kind in kind_order():

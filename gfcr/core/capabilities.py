@@ -27,7 +27,8 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
-from gfcr.core.engine import Engine, Policy
+from gfcr.core.engine import Engine
+from gfcr.core.policy import Policy
 from gfcr.core.stage import OnSegment, StageSpec
 
 if TYPE_CHECKING:  # services imports this module's neighbours; a handle is only named here
@@ -124,7 +125,7 @@ class SamplingTemperature(Protocol):
 @runtime_checkable
 class EngineRng(Protocol):
     """Optional on an engine: a sampling generator carried between calls, which a
-    checkpoint saves and restores (gfcr.runner.checkpoint)."""
+    checkpoint saves and restores (gfcr.checkpoints.checkpoint)."""
 
     def get_rng_state(self) -> object: ...
 

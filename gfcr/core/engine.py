@@ -4,8 +4,8 @@ An engine turns token-id requests into completions, in *segments*: after every s
 ``SamplingParams.segment_tokens`` new tokens it shows the in-flight sequences to a hook,
 which may stop (abort, keep as partial) or prune any of them. A request that carries
 ``prefix_ids`` continues a partial rollout from those tokens instead of starting afresh.
-Engines also own the tokenizer and the policy version (``Policy.version``), which
-advances on every weight update.
+Engines also own the tokenizer and the policy version (``Policy.version``,
+:mod:`gfcr.core.policy`), which advances on every weight update.
 
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
 token, taken before top-p truncation: what a teacher-forced forward pass at the same
@@ -19,7 +19,6 @@ is the contract every engine passes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -236,7 +235,7 @@ class Engine(Protocol):
 
     Optional: ``get_rng_state()`` / ``set_rng_state(state)`` for a sampling generator the
     engine carries between calls (used when ``SamplingParams.seed`` is None); checkpoints
-    save and restore it when present (:mod:`gfcr.runner.checkpoint`).
+    save and restore it when present (:mod:`gfcr.checkpoints.checkpoint`).
     """
 
     @property
@@ -299,72 +298,3 @@ def stop_token_ids(tokenizer: Any) -> frozenset[int]:
     config)."""
     extra = getattr(tokenizer, "stop_token_ids", ())  # getattr: optional on Tokenizer
     return frozenset({int(tokenizer.eos_token_id), *map(int, extra)})
-
-
-class TensorIO(Protocol):
-    """How a policy's framework writes and reads checkpoint files (gfcr.runner.checkpoint), so the
-    runtime needs no tensor library: the weights, a state file of tensors and plain data
-    that loads without running code, and the framework's global random generators (with
-    numpy's, in a form its state file holds). stages.engines.torch_io is torch's."""
-
-    def save_weights(self, model: Any, path: Path, dtype: str | None = None) -> None:
-        """Write ``model``'s weights to ``path``, cast to ``dtype`` (a name such as
-        "bfloat16"; None: as the model holds them)."""
-        ...
-
-    def load_weights(self, model: Any, path: Path) -> None: ...
-
-    def save_state(self, state: dict[str, Any], path: Path) -> None: ...
-
-    def load_state(self, path: Path) -> dict[str, Any]: ...
-
-    def rng_state(self) -> dict[str, Any]: ...
-
-    def set_rng_state(self, rng: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class Policy:
-    """The trainable policy: the learner's (gfcr.core.services.Learner), which an in-process
-    engine may share. Only the engines, the learner and these methods touch ``model``
-    (tools/policy_model.py checks it).
-
-    ``model`` is a causal LM with the transformers call convention
-    (``model(input_ids=..., attention_mask=...).logits``).
-    """
-
-    model: Any
-    tokenizer: Tokenizer
-    version: int = 0
-    remedy: str = ""
-    """What to change in the pipeline when the tokenizer cannot represent a task's text
-    (e.g. "set policy.tokenizer='byte'"); quoted by the check at the start of a run."""
-    io: TensorIO | None = None
-    """How checkpoints write and read this policy's tensors (None: it cannot be
-    checkpointed); set by the policy component that builds it."""
-    adapter: dict[str, Any] | None = None
-    """The adapter the learner trains over this policy's frozen weights (peft's LoRA
-    config: stages.train.lora), set when the learner is built; None: it trains every
-    weight. An engine that must prepare for adapters when it starts (vLLM's
-    ``enable_lora``) reads it."""
-
-    def weights(self) -> Any:
-        """The live tensors (the model's state dict): what an in-process handle holds."""
-        return self.model.state_dict()
-
-    def load(self, state: Any) -> None:
-        """Copy ``state`` (a state dict) into the model in place."""
-        self.model.load_state_dict(state)
-
-    def save_weights(self, path: Path, dtype: str | None = None) -> None:
-        self._io().save_weights(self.model, path, dtype)
-
-    def load_weights(self, path: Path) -> None:
-        self._io().load_weights(self.model, path)
-
-    def _io(self) -> TensorIO:
-        if self.io is None:
-            raise TypeError("the policy has no tensor I/O (gfcr.core.engine.Policy.io), so its "
-                            "weights cannot be written or read; its policy component must "
-                            "set one (stages.engines.torch_io.TORCH_IO for torch models)")
-        return self.io

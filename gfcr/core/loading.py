@@ -1,5 +1,5 @@
 """Loading a pipeline by name or file: registered names, ``.yaml`` files, and ``.py``
-files, which run with every invalid config collected (:mod:`gfcr.core.problems`) so that all
+files, which run with every invalid config collected (:mod:`gfcr.config.problems`) so that all
 their problems are reported at once."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from gfcr.core import problems as collect
-from gfcr.core import yamlfile
+from gfcr.config import problems as collect
+from gfcr.config import yamlfile
 from gfcr.core.pipeline import Pipeline, PipelineError
 
 
@@ -39,7 +39,7 @@ def load(ref: str) -> Pipeline:
 
 
 def _run_file(path: Path, ref: str) -> Pipeline:
-    """Run a pipeline file, collecting every invalid config in it (gfcr.core.problems)."""
+    """Run a pipeline file, collecting every invalid config in it (gfcr.config.problems)."""
     with collect.collecting(path) as found:
         try:
             pipeline = _from_module(runpy.run_path(str(path.resolve())), ref)

@@ -19,17 +19,19 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError, field_validator
 
-from gfcr.core import problems as collect
+from gfcr.config import problems as collect
 
-from gfcr.core import names, overrides, yamlfile
+from gfcr.core import names
+from gfcr.config import overrides, yamlfile
 from gfcr.core.capabilities import check_engine
 from gfcr.core.composition import check_stages
-from gfcr.core.engine import Engine, Policy
+from gfcr.core.engine import Engine
+from gfcr.core.policy import Policy
 from gfcr.core.settings import (Checkpointing, Evaluation,  # noqa: F401 (imported from here)
                                 LearnerPlacement, RewardRange)
 from gfcr.core.sizes import check_sizes
-from gfcr.core.stage import (REGISTRY, STAGE_ORDER, Spec, StageSpec, Task, load_plugins,
-                             lookup)
+from gfcr.core.stage import STAGE_ORDER, Spec, StageSpec, Task
+from gfcr.core.registry import REGISTRY, load_plugins, lookup
 
 COMPONENTS = ("task", "policy", "engine", "warmstart")
 """Pipeline fields resolved through the registry, by the kind of the same name."""
@@ -161,7 +163,7 @@ class Pipeline(Spec):
 
     @classmethod
     def from_yaml(cls, text: str, *, where: str = "YAML") -> "Pipeline":
-        """The pipeline of a YAML text (read by gfcr.core.yamlfile: bounded, duplicate keys
+        """The pipeline of a YAML text (read by gfcr.config.yamlfile: bounded, duplicate keys
         refused); its problems name ``where`` and the line."""
         try:
             data, lines = yamlfile.load_with_lines(text, where=where)

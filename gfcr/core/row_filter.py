@@ -67,7 +67,7 @@ class RowFilter(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _tuples(cls, data: Any) -> Any:
+    def _tuples(cls, data: object) -> object:
         """Lists become tuples (strict mode refuses them otherwise); a lone string where
         ids are wanted is refused, naming the field (it would read as its characters)."""
         if not isinstance(data, dict):

@@ -11,7 +11,7 @@ weight sync that fits where it runs:
 
 - in-process, the handle is the learner's own tensors (an engine that shares the policy
   module has nothing to copy; one with its own copy copies them in place);
-- across hosts, the handle is written as a versioned folder (gfcr.runner.weights: a manifest
+- across hosts, the handle is written as a versioned folder (gfcr.weights.versions: a manifest
   written last, pruned by what is still needed) that a fleet's servers read;
 - a collective (NCCL broadcast from the learner's ranks to the engines') fits the same
   protocol: ``send`` broadcasts and returns a handle naming the version.
@@ -61,7 +61,7 @@ class WeightHandle(Protocol):
 class WeightSync(Protocol):
     """How a learner's handle reaches a generator's engine: the same tensors in-process
     (gfcr.runner.inprocess.SameTensors), a versioned folder across hosts
-    (gfcr.runner.weights.FileSync), a broadcast on a GPU collective. ``send`` returns once the
+    (gfcr.weights.versions.FileSync), a broadcast on a GPU collective. ``send`` returns once the
     generator side can load ``handle.version`` and the learner may update again."""
 
     def send(self, handle: WeightHandle) -> None: ...
@@ -117,7 +117,7 @@ class Generator(Protocol):
                  max_tokens: int, progress: Callable[[int, int], None] | None,
                  sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         """Greedy accuracy with ``handle``'s weights and, with ``sampled``, mean reward
-        and pass@k sampled under ``seed`` (gfcr.runner.evaluation)."""
+        and pass@k sampled under ``seed`` (gfcr.evaluation.heldout)."""
         ...
 
     def asleep(self) -> contextlib.AbstractContextManager[None]:

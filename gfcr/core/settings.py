@@ -8,13 +8,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.core import names
-from gfcr.core.stage import Spec, lookup
+from gfcr.core.stage import Spec
+from gfcr.core.registry import lookup
 
 
 class Sampled(Spec):
     """A sampled evaluation beside the greedy one: ``samples`` completions per prompt at
     ``temperature``, giving the mean reward and pass@k for each k of ``pass_at``
-    (gfcr.runner.evaluation.pass_at_k: the unbiased estimator of Chen et al. 2021,
+    (gfcr.evaluation.heldout.pass_at_k: the unbiased estimator of Chen et al. 2021,
     "Evaluating Large Language Models Trained on Code"). Every evaluation of a run
     samples under the same seed (the run's), so two steps are compared on the same noise."""
 
@@ -62,7 +63,7 @@ class EvalSet(Spec):
 
     @field_validator("task", mode="before")
     @classmethod
-    def _resolve(cls, value: Any) -> Any:
+    def _resolve(cls, value: object) -> object:
         if isinstance(value, dict) and "type" in value:
             return lookup("task", value["type"]).model_validate(value)
         if not isinstance(value, Spec):
@@ -88,7 +89,7 @@ class Evaluation(Spec):
 
     @field_validator("sets", mode="before")
     @classmethod
-    def _listlike(cls, value: Any) -> Any:
+    def _listlike(cls, value: object) -> object:
         return tuple(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
@@ -109,7 +110,7 @@ class Evaluation(Spec):
 
 
 class Checkpointing(Spec):
-    """When a run saves a checkpoint (see :mod:`gfcr.runner.checkpoint`): after every ``every``
+    """When a run saves a checkpoint (see :mod:`gfcr.checkpoints.checkpoint`): after every ``every``
     steps and after the last, keeping the newest ``keep``. A run resumes from the newest
     complete one; these settings may change when a run is resumed."""
 

@@ -6,7 +6,7 @@ rank program is gfcr's own module and nothing in gfcr names a module of ``stages
 stage is handed over in the :class:`ShardSetup` (pickled to each rank once it has proved
 the run's key, gfcr.procs.wire), and its :meth:`ShardedTrainer.rank_worker` builds that
 rank's :class:`RankWorker`. Publishing the weight versions stays on gfcr's side: the
-worker gathers the full weights, the program writes them (gfcr.runner.weights).
+worker gathers the full weights, the program writes them (gfcr.weights.versions).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.stage import StepContext, TrainResult
 
 
@@ -31,7 +31,7 @@ class ShardSetup:
     seed: int
     run_id: str
     weights: str
-    """The folder the ranks publish weight versions in (gfcr.runner.weights)."""
+    """The folder the ranks publish weight versions in (gfcr.weights.versions)."""
     keep: int
     device: str
     offload: bool

@@ -9,9 +9,10 @@ that learns them only by reading its data (a JSON-lines file) is not checked her
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
-from gfcr.core import yamlfile
+from gfcr.config import yamlfile
+from gfcr.core.settings import Evaluation
 
 
 @runtime_checkable
@@ -25,14 +26,15 @@ class PromptCounts(Protocol):
 class PromptBatch(Protocol):
     """A select stage that draws ``batch`` distinct training prompts a step."""
 
-    kind: Any
+    kind: str
     batch: int
 
     @property
     def label(self) -> str: ...
 
 
-def check_sizes(task: Any, evaluation: Any, stages: list[Any], problems: list[str]) -> None:
+def check_sizes(task: object, evaluation: Evaluation, stages: Sequence[object],
+                problems: list[str]) -> None:
     """Append a problem for each demand on ``task`` it cannot supply."""
     if not isinstance(task, PromptCounts):
         return
@@ -44,7 +46,7 @@ def check_sizes(task: Any, evaluation: Any, stages: list[Any], problems: list[st
                         "(task.heldout_size); lower evaluation.size or raise "
                         "task.heldout_size")
     for i, s in enumerate(stages):
-        if train is not None and s.kind == "replay" and isinstance(s, PromptBatch) and (
+        if train is not None and isinstance(s, PromptBatch) and s.kind == "replay" and (
                 isinstance(s.batch, int) and s.batch > train):
             problems.append(f"stage {s.label!r}: {_field('batch', ('stages', i, 'batch'))} "
                             f"is {s.batch} but the task has {train} training prompts "
@@ -52,7 +54,7 @@ def check_sizes(task: Any, evaluation: Any, stages: list[Any], problems: list[st
                             "the batch or raise task.train_size")
 
 
-def _field(name: str, path: tuple[Any, ...]) -> str:
+def _field(name: str, path: tuple[object, ...]) -> str:
     """``field 'name'``, with ``at file:line`` in a YAML pipeline being built."""
     at = yamlfile.where(path)
     return f"field {name!r}" + (f" at {at}" if at else "")

@@ -21,7 +21,7 @@ from typing import ClassVar
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
-from gfcr.core import problems
+from gfcr.config import problems
 
 FLOAT_LIMIT = 1e9
 """Largest magnitude of a float field with no bound of its own (a timeout of 30 years)."""

@@ -1,8 +1,8 @@
-"""Stage kinds, their protocols, and the one registry every operator goes through.
+"""Stage kinds, their protocols, and the phase table the registry checks them against.
 
 A stage is a small frozen pydantic model registered under a ``type`` name with
-:func:`register`. Its *kind* says where it may stand in a pipeline and which phases it may
-implement. The phase table :data:`PHASES` is the one description of that: registration
+:func:`gfcr.core.registry.register`. Its *kind* says where it may stand in a pipeline and
+which phases it may implement. The phase table :data:`PHASES` is the one description of that: registration
 checks it, the pipeline validates against it, the loop runs the phases in its order (each
 stage narrowed to its phase's protocol) and the table below is rendered from it:
 
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from importlib.metadata import entry_points
-from typing import (Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, TypeVar,
+from typing import (Any, ClassVar, Generic, Iterable, Literal, Protocol, TypeVar,
                     runtime_checkable)
 
 import numpy as np
@@ -27,7 +26,8 @@ import pyarrow as pa
 from pydantic import field_validator
 
 from gfcr.core import names, storage
-from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy, SegmentHook
+from gfcr.core.engine import Decision, Engine, Flight, Inflight, SegmentHook
+from gfcr.core.policy import Policy
 from gfcr.core.spec import Spec
 from gfcr.core.storage import History, HistorySource
 
@@ -291,14 +291,6 @@ PHASES: tuple[Phase[Any], ...] = (SELECT, ALLOCATE, ON_SEGMENT, GENERATE, FILTER
 """The phases in the order a step runs them (on_segment inside generate, shortfall after
 each round's filters)."""
 
-COMPONENT_METHODS: dict[str, tuple[str, ...]] = {
-    "task": ("train_prompts", "heldout_prompts", "score"),
-    "policy": ("build",),
-    "engine": ("build",),
-    "warmstart": ("run",),
-}
-"""What a component class of each kind must define."""
-
 
 def phase_table() -> str:
     """The phase table as reStructuredText (the module docstring and CONTRIBUTING.md)."""
@@ -311,89 +303,6 @@ def phase_table() -> str:
              rule, *("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows),
              rule]
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- registry
-
-REGISTRY: dict[str, dict[str, type[Spec]]] = {
-    kind: {} for kind in (*STAGE_ORDER, *COMPONENT_METHODS)}
-"""kind -> type name -> config class. Populated by :func:`register`."""
-
-S = TypeVar("S", bound=type[Spec])
-
-
-def register(kind: Kind) -> Callable[[S], S]:
-    """Class decorator: register a config class under its ``type`` default.
-
-    >>> @register("filter")
-    ... class Always(StageSpec):
-    ...     type: Literal["always"] = "always"
-    ...     def apply(self, ctx, rollouts): return FilterResult(rollouts)
-    """
-    def decorate(cls: S) -> S:
-        name = _type_name(cls)
-        missing = _missing_methods(kind, cls)
-        if missing:
-            raise TypeError(f"{cls.__name__} registered as {kind!r} lacks {missing}")
-        if name in REGISTRY[kind] and REGISTRY[kind][name] is not cls:
-            raise ValueError(f"{kind} type {name!r} is already registered "
-                             f"by {REGISTRY[kind][name].__qualname__}")
-        if kind in STAGE_ORDER:
-            cls.kind = kind  # type: ignore[attr-defined]
-        REGISTRY[kind][name] = cls
-        return cls
-    return decorate
-
-
-def _type_name(cls: type[Spec]) -> str:
-    field_info = cls.model_fields.get("type")
-    if field_info is None or not isinstance(field_info.default, str):
-        raise TypeError(f"{cls.__name__} needs a field `type: Literal[...] = '<name>'`")
-    return field_info.default
-
-
-def _missing_methods(kind: str, cls: type) -> list[str]:
-    """What ``cls`` lacks to be registered as ``kind`` (see :data:`PHASES`)."""
-    if kind in COMPONENT_METHODS:
-        return [m for m in COMPONENT_METHODS[kind] if not _defines(cls, m)]
-    phases = [p for p in PHASES if p.kind == kind]
-    missing = [p.method for p in phases if not p.optional and not _defines(cls, p.method)]
-    if not missing and not any(_defines(cls, p.method) for p in phases):
-        missing = [" or ".join(p.method for p in phases)]
-    return missing
-
-
-def _defines(cls: type, method: str) -> bool:
-    # a class attribute lookup by name is what registration checks: the class is not
-    # an instance yet, so the phase protocols cannot be isinstance-checked
-    return callable(getattr(cls, method, None))
-
-
-def lookup(kind: Kind, name: str) -> type[Spec]:
-    """The config class registered as ``name`` for ``kind``; KeyError lists the known."""
-    load_plugins()
-    try:
-        return REGISTRY[kind][name]
-    except KeyError:
-        known = ", ".join(sorted(REGISTRY[kind])) or "none"
-        raise KeyError(f"unknown {kind} type {name!r}; known: {known}") from None
-
-
-_PLUGINS_LOADED = False
-
-
-def load_plugins() -> None:
-    """Import every package named in the ``gfcr.plugins`` entry-point group once.
-
-    This is how operator libraries (``stages`` ships as one) fill the registry without
-    gfcr importing them.
-    """
-    global _PLUGINS_LOADED
-    if _PLUGINS_LOADED:
-        return
-    _PLUGINS_LOADED = True
-    for ep in entry_points(group="gfcr.plugins"):
-        ep.load()
 
 
 __doc__ = (__doc__ or "").format(phases=phase_table())

@@ -54,7 +54,7 @@ def gather(store: RunStore, run_id: str) -> Facts:
 def _train_size(store: RunStore, run_id: str) -> int | None:
     """How many training prompts the run's task has, from its stored spec (None when the
     spec's task cannot be rebuilt here, e.g. a plugin that is not installed)."""
-    from gfcr.runner.resume import stored_pipeline
+    from gfcr.checkpoints.resume import stored_pipeline
 
     try:
         return int(stored_pipeline(store, run_id).task.train_prompts().num_rows)

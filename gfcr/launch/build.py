@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from gfcr.core.capabilities import EngineSpec
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import Generator, Learner, Services
 from gfcr.core.stage import TRAIN
@@ -59,7 +59,7 @@ def _runtime(pipeline: Pipeline, placement: Placement, run_id: str, root: Path,
         raise ValueError(
             "train stage: lora is set and the run generates on a fleet of servers, which "
             "load whole published weights; a LoRA learner publishes its adapter alone "
-            "(gfcr.runner.weights), which the servers do not load yet. Generate in-process "
+            "(gfcr.weights.versions), which the servers do not load yet. Generate in-process "
             "(no fleet) or drop lora.")
     generator = _generator(pipeline, run_id, root, policy, learner, placement.generator,
                            notify)

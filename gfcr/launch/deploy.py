@@ -109,7 +109,7 @@ def submit(deployment: str, *, overrides: Sequence[str] = (), resume: str | None
 def _checked(request: RunRequest) -> Launch:
     """The request's pipeline, validated; with ``resume``, also checked against the run
     the store holds (which must exist). Reads only."""
-    from gfcr.runner import resume
+    from gfcr.checkpoints import resume
 
     if not request.resume:
         return resolve(request, None)

@@ -7,7 +7,7 @@ ready name, a ``.py``/``.yaml`` path, or the YAML of a spec), what to override, 
 id, where the store, the run root and MLflow live and where the services run
 (:class:`RunRequest`, the flow's one parameter); nothing in it is a live object, so they survive the Prefect API and a deployment's defaults.
 
-While the flow runs it stops cleanly when asked (:mod:`gfcr.runner.cancel`): on the first
+While the flow runs it stops cleanly when asked (:mod:`gfcr.checkpoints.cancel`): on the first
 SIGINT/SIGTERM (what a worker sends when the flow run is cancelled from the UI, the CLI
 or the API) and when a watcher sees the flow run cancelled in the API (runs ``gfcr run``
 started in its own process have no worker to signal them). It then ends in Prefect's
@@ -35,7 +35,7 @@ from gfcr.core.pipeline import PipelineError
 from gfcr.launch.hooks import RunSummary
 from gfcr.launch.request import (RunRequest, extra_hooks, open_store, pipeline_from, resolve,
                                  run_request, settled)
-from gfcr.runner.cancel import RunCancelled, Stop, on_signals
+from gfcr.checkpoints.cancel import RunCancelled, Stop, on_signals
 from gfcr.transport.executors import FLOW_NAME, PrefectExecutor
 
 CANCEL_POLL_SECONDS = 5.0

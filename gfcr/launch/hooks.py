@@ -1,7 +1,7 @@
 """What a run tells its observers: the hook protocol, and the summary it ends with.
 
 :func:`gfcr.launch.run.execute` calls each hook's methods as the run goes (progress bars,
-Prefect's logs, MLflow: :class:`gfcr.runner.tracking.MlflowHook`) and returns a
+Prefect's logs, MLflow: :class:`gfcr.tracking.mlflow_hook.MlflowHook`) and returns a
 :class:`RunSummary`, which ``gfcr run`` prints.
 """
 
@@ -42,7 +42,7 @@ class Hook(Protocol):
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool,
                 cpu: dict[str, float], **kw: object) -> None:
         """``replayed``: a step of a resumed run that was committed before (see
-        gfcr.runner.resume); its metrics were reported when it first ran. ``cpu``: each stage's
+        gfcr.checkpoints.resume); its metrics were reported when it first ran. ``cpu``: each stage's
         CPU seconds (gfcr.runner.loop.StageClock); its wall seconds are ``time/<stage>``
         metrics."""
 

@@ -46,9 +46,9 @@ from typing import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gfcr.core import yamlfile
+from gfcr.config import yamlfile
 from gfcr.core.pipeline import Pipeline
-from gfcr.core.problems import format_errors
+from gfcr.config.problems import format_errors
 from gfcr.core.settings import LearnerPlacement
 from gfcr.transport.fleet import Fleet
 from gfcr.transport.remote.pool import WorkerPool

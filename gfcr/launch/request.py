@@ -28,7 +28,7 @@ from gfcr.launch.hooks import RunSummary
 from gfcr.launch.ledger import RunLedger, open_ledger
 from gfcr.launch.placement import (Placement, Source, explicit, refuse_generate_pool,
                                    settle)
-from gfcr.runner.cancel import Stop
+from gfcr.checkpoints.cancel import Stop
 from gfcr.transport.executors import Executor
 
 extra_hooks: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
@@ -60,9 +60,9 @@ class RunRequest(BaseModel):
     """MLflow tracking URI (None: SQLite under the root)."""
     track: bool = True
     trackers: tuple[str, ...] = ("mlflow",)
-    """Where the run is tracked (gfcr.runner.trackers.TRACKERS), with ``track``."""
+    """Where the run is tracked (gfcr.tracking.trackers.TRACKERS), with ``track``."""
     export: str | None = None
-    """Export the policy to this folder when the run finishes (gfcr.runner.export)."""
+    """Export the policy to this folder when the run finishes (gfcr.checkpoints.export)."""
     placement: Placement = Placement()
     """Where the generator, learner and scorer run (gfcr.launch.placement): one source,
     settled with the pipeline's own ``learner``."""
@@ -101,7 +101,7 @@ def resolve(request: RunRequest, store: RunLedger | None,
     ``store`` is read for a resume without a pipeline. Raises PipelineError,
     PlacementConflict/PlacementError, or ResumeError when a run to resume is missing."""
     from gfcr.launch.run import new_run_id
-    from gfcr.runner.resume import stored_pipeline
+    from gfcr.checkpoints.resume import stored_pipeline
 
     if request.pipeline is None and request.resume and request.run_id and store is not None:
         spec = stored_pipeline(store, request.run_id)
@@ -145,9 +145,9 @@ def run_request(request: RunRequest, executor: Executor, *, stop: Stop,
     """Resolve and run ``request`` (or run ``launch``, already resolved from it); the
     run's RunSummary. ``named(run_id)`` is told the run's id before it starts."""
     from gfcr.launch.run import run_settled
-    from gfcr.runner.resume import ResumeError, stored_run
-    from gfcr.runner.export import ExportHook
-    from gfcr.runner.trackers import trackers
+    from gfcr.checkpoints.resume import ResumeError, stored_run
+    from gfcr.checkpoints.export import ExportHook
+    from gfcr.tracking.trackers import trackers
 
     tracked: list[object] = list(trackers(request.trackers, mlflow_uri=request.tracking)
                                  if request.track else [])

@@ -2,16 +2,16 @@
 
 The run's stage calls go through an executor (:mod:`gfcr.transport.executors`: Prefect tasks by
 default, or plain in-process calls); both run the same loop code with the same seeds, so
-they give the same results. Tables stay in the orchestrating process (:mod:`gfcr.runner.stash`:
+they give the same results. Tables stay in the orchestrating process (:mod:`gfcr.transport.stash`:
 in memory, spilled to Arrow files past a budget); the engine, the policy and the store
 connection stay there for the whole run too. A step's commit runs behind the next step,
 in order, finished before that step's history is read, before each checkpoint and before
 the run ends (:mod:`gfcr.runner.commits`).
 
 A run id the store already holds is continued, not restarted: from its newest checkpoint,
-replaying committed steps after it without committing them again (:mod:`gfcr.runner.resume`).
+replaying committed steps after it without committing them again (:mod:`gfcr.checkpoints.resume`).
 Checkpoints are written after every ``checkpoint.every`` steps and after the last
-(:mod:`gfcr.runner.checkpoint`). A stop request (:mod:`gfcr.runner.cancel`) ends the run at the next
+(:mod:`gfcr.checkpoints.checkpoint`). A stop request (:mod:`gfcr.checkpoints.cancel`) ends the run at the next
 step boundary, checkpointed, with the store's status ``cancelled``.
 """
 
@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from gfcr.core import names, storage
-from gfcr.core.evaluations import HELDOUT
-from gfcr.core.engine import Policy
+from gfcr.evaluation.columns import HELDOUT
+from gfcr.core.policy import Policy
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import AdapterLearner
 from gfcr.core.stage import Task
@@ -38,19 +38,20 @@ from gfcr.launch.hooks import RunSummary, emit
 from gfcr.launch.ledger import RunLedger, code_version, open_ledger, reason
 from gfcr.launch.placement import Placement, explicit, refuse_generate_pool, settle
 from gfcr.report.publish import end_of_run_page
-from gfcr.runner import checkpoint, resume, rounds
-from gfcr.runner.cancel import RunCancelled, Stop, cancelled
+from gfcr.runner import rounds
+from gfcr.checkpoints import checkpoint, resume
+from gfcr.checkpoints.cancel import RunCancelled, Stop, cancelled
 from gfcr.runner.commits import BackgroundCommits, Start
 from gfcr.runner.loop import Runtime, StepReport, run_step
 from gfcr.runner.runtime import Stash
-from gfcr.runner.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
+from gfcr.transport.stash import FileStash, MemoryStash, SpillStash  # noqa: F401 (imported from here)
 from gfcr.transport import prefect_crash
 from gfcr.transport.executors import Call, Executor, PrefectExecutor, named
 from gfcr.transport.progress import PrefectMilestones
 
 DEFAULT_ROOT = Path(".gfcr")
 Progress = dict[str, Any]
-"""The progress record a run keeps and its checkpoints carry (gfcr.runner.checkpoint):
+"""The progress record a run keeps and its checkpoints carry (gfcr.checkpoints.checkpoint):
 accuracies, the warm start's figures, each step's metrics."""
 
 
@@ -70,8 +71,8 @@ def execute(pipeline: Pipeline, *, root: Path = DEFAULT_ROOT,
 
     ``run_id`` names the run (None: a new id from the pipeline name and the time). The id
     of a run the store already holds resumes that run from its newest checkpoint (see
-    :mod:`gfcr.runner.resume`); the pipeline must then be that run's own, up to ``steps`` and
-    ``checkpoint``, or :class:`gfcr.runner.resume.ResumeError` is raised before anything is
+    :mod:`gfcr.checkpoints.resume`); the pipeline must then be that run's own, up to ``steps`` and
+    ``checkpoint``, or :class:`gfcr.checkpoints.resume.ResumeError` is raised before anything is
     written. ``store`` is an open RolloutStore (None: the one under ``root``); ``executor``
     an :class:`~gfcr.transport.executors.Executor` or its name ("prefect", "local"). When ``stop``
     is requested the run ends at the next step boundary and raises RunCancelled.
@@ -149,7 +150,7 @@ def _body(pipeline: Pipeline, placement: Placement, root: Path, run_id: str,
                 raise KeyboardInterrupt(f"stopped at once ({error})") from exc
             raise
         finally:
-            stop.ending = True  # a second signal no longer interrupts (gfcr.runner.cancel)
+            stop.ending = True  # a second signal no longer interrupts (gfcr.checkpoints.cancel)
             try:
                 commits.wait()  # a commit in flight finishes, whatever else failed
             finally:
@@ -267,7 +268,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
 
 def _start(run: _Run) -> Progress:
     """A run's beginning: evaluate, warm start, evaluate again. Returns the progress
-    record that checkpoints carry (see gfcr.runner.checkpoint)."""
+    record that checkpoints carry (see gfcr.checkpoints.checkpoint)."""
     p = run.pipeline
     progress: Progress = {"accuracy_initial": None, "accuracy_start": None,
                                 "warmstart": {}, "history": []}
@@ -302,7 +303,7 @@ def _rebuild_base(run: _Run) -> None:
 def _step(run: _Run, step: int, progress: Progress, *, replayed: bool) -> None:
     """One step, then a checkpoint when one is due. A replayed step (committed before a
     resume) runs without committing, and trains on the rows the store holds for it
-    (gfcr.runner.resume.stored_batch)."""
+    (gfcr.checkpoints.resume.stored_batch)."""
     p, ev = run.pipeline, run.pipeline.evaluation
     run.owned()
     rt = replace(run.rt, record=run.rt.record.replaying(
@@ -333,7 +334,7 @@ def _checkpoint_due(p: Pipeline, step: int) -> bool:
 
 
 def _checkpoint(run: _Run, step: int, progress: Progress) -> Path:
-    """The checkpoint after ``step``, once the step's commit is done (gfcr.runner.resume), with
+    """The checkpoint after ``step``, once the step's commit is done (gfcr.checkpoints.resume), with
     the batches generated ahead of it (gfcr.runner.rounds)."""
     p, services = run.pipeline, run.rt.services
     run.commits.wait()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import yaml
 
 from gfcr.core.capabilities import DecodesTokens
-from gfcr.core.stage import lookup
+from gfcr.core.registry import lookup
 
 Decode = Callable[[Sequence[int]], str]
 

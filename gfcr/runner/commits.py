@@ -12,7 +12,7 @@ commit gave:
 - **Before whatever depends on it.** The history a step reads is built on first use
   (:class:`LazyHistory`) and waits for the step before's commit first; the executor
   waits before each checkpoint (a checkpoint is written after its step's commit, see
-  gfcr.runner.resume) and before the run ends, failed or not.
+  gfcr.checkpoints.resume) and before the run ends, failed or not.
 - **Errors surface.** A failed commit raises from the next wait or hand-over, and keeps
   raising (it is never swallowed by a later wait): the run fails with it, and no later
   step is committed or checkpointed after a step that is not.
@@ -27,16 +27,12 @@ snapshot and :func:`pinned_history` gives each step its lazily built, pinned his
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, cast
 
-from gfcr.core.storage import History, backend
+import pyarrow as pa
 
-
-class Pending(Protocol):
-    """A call under way: ``result()`` waits for it and raises what it raised."""
-
-    def result(self) -> Any: ...
-
+from gfcr.core.services import Pending
+from gfcr.core.storage import History, RunStore, backend
 
 Start = Callable[..., Pending]
 """``start(name, fn, *args)``: begin ``fn(*args)`` as the task ``name`` in the background."""
@@ -74,9 +70,9 @@ class LazyHistory:
     reads no history never waits for the commit behind it.
     """
 
-    def __init__(self, build: Callable[[], Any]) -> None:
-        self._build: Callable[[], Any] | None = build
-        self._history: Any = None
+    def __init__(self, build: Callable[[], History]) -> None:
+        self._build: Callable[[], History] | None = build
+        self._history: History | None = None
 
     # getattr: a lazy proxy for the step's History: resolves on first use
     def __getattr__(self, name: str) -> Any:
@@ -84,10 +80,11 @@ class LazyHistory:
             raise AttributeError(name)
         return getattr(self.resolve(), name)  # the proxy's forwarding
 
-    def resolve(self) -> Any:
+    def resolve(self) -> History:
         """The History itself (built now if not yet)."""
         if self._build is not None:
             self._history, self._build = self._build(), None
+        assert self._history is not None
         return self._history
 
     def __repr__(self) -> str:
@@ -97,7 +94,7 @@ class LazyHistory:
 def recording(commit: Callable[..., Any], snapshots: dict[int, int]) -> Callable[..., Any]:
     """``commit`` that notes each step's snapshot, so the next step's history is pinned
     without searching the store's snapshot list (a query that grows with the run)."""
-    def commit_step(run_id: str, step: int, rollouts: Any, **kw: Any) -> Any:
+    def commit_step(run_id: str, step: int, rollouts: pa.Table, **kw: Any) -> Any:
         result = commit(run_id, step, rollouts, **kw)
         if result.snapshot is not None:
             snapshots[step] = result.snapshot
@@ -105,7 +102,7 @@ def recording(commit: Callable[..., Any], snapshots: dict[int, int]) -> Callable
     return commit_step
 
 
-def pinned_history(store: Any, run_id: str, snapshots: dict[int, int],
+def pinned_history(store: RunStore, run_id: str, snapshots: dict[int, int],
                    commits: BackgroundCommits) -> Callable[[int], History]:
     """The run's history as of the step before ``step``: what a resumed run sees too. At
     step 0 that is the store before the run's first commit (live, until it has one).

@@ -14,17 +14,18 @@ import contextlib
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from gfcr.core.capabilities import AdapterWeights, EngineRng, EngineSleep
-from gfcr.core.engine import Decision, Engine, Flight, Inflight, Policy
+from gfcr.core.engine import Decision, Engine, Flight, Inflight
+from gfcr.core.policy import Policy
 from gfcr.core.services import Pending, Services, WeightHandle, awake
 from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
-from gfcr.core.stage import TrainResult
+from gfcr.core.stage import Task, TrainResult
 from gfcr.core.settings import Sampled
-from gfcr.runner.evaluation import evaluate
+from gfcr.evaluation.heldout import evaluate
 from gfcr.core.filters import applied
 from gfcr.runner.serial import SerialCalls
 
@@ -128,7 +129,7 @@ class SameTensors:
     learner's module is only told its weights changed (vLLM then copies them into its
     own); one holding its own policy copies the handle's tensors in place."""
 
-    def __init__(self, engine: Engine, policy: Any, *, shared: bool) -> None:
+    def __init__(self, engine: Engine, policy: Policy, *, shared: bool) -> None:
         self.engine, self.policy, self.shared = engine, policy, shared
 
     def send(self, handle: WeightHandle) -> None:
@@ -160,7 +161,7 @@ class LocalGenerator:
     so the caller can train meanwhile; a load behind work in flight is queued with a
     frozen copy of the tensors, so the learner may update at once."""
 
-    def __init__(self, engine: Engine, policy: Any, *, shared: bool = True,
+    def __init__(self, engine: Engine, policy: Policy, *, shared: bool = True,
                  background: bool = False,
                  capabilities: frozenset[str] = frozenset()) -> None:
         self.engine, self.policy, self.shared = engine, policy, shared
@@ -188,7 +189,7 @@ class LocalGenerator:
         else:
             self._load_now(handle)
 
-    def evaluate(self, task: Any, prompts: pa.Table, *, handle: WeightHandle,
+    def evaluate(self, task: Task, prompts: pa.Table, *, handle: WeightHandle,
                  max_tokens: int, progress: Callable[[int, int], None] | None,
                  sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
         self.drain()
@@ -227,7 +228,7 @@ class LocalGenerator:
 
 
 @contextlib.contextmanager
-def _asleep(engine: EngineSleep) -> Any:
+def _asleep(engine: EngineSleep) -> Iterator[None]:
     """The engine asleep while the learner updates; awake again before the weight sync
     that follows (also when the update fails)."""
     engine.sleep()

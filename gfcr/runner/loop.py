@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from gfcr.core.problems import tally
+from gfcr.config.problems import tally
 from gfcr.core.rollout import col, scorer_failed
 from gfcr.core.stage import AUGMENT, TRAIN, Augment, StepContext
 from gfcr.core.filters import set_column

@@ -12,7 +12,6 @@ of 1e308 no longer reaches the learner, whose advantages and loss it would make 
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,5 +49,5 @@ def bounded(table: pa.Table, bounds: RewardRange, step: int) -> tuple[pa.Table, 
     return table, count
 
 
-def _clip(value: Any, bounds: RewardRange) -> Any:
+def _clip(value: float | None, bounds: RewardRange) -> float | None:
     return value if value is None or value != value else min(max(value, bounds.low), bounds.high)

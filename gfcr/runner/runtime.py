@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.services import Pending, Services
-from gfcr.core.stage import StepContext, Teacher
+from gfcr.core.stage import StepContext, Task, Teacher
 from gfcr.core.storage import Committed, History
 
 
@@ -60,7 +60,7 @@ class Record:
     replay: Callable[[int, pa.Table], tuple[pa.Table, dict[str, float]]] | None = None
     """A resumed run's replayed step (committed before the resume): ``replay(step,
     regenerated)`` gives the batch it trains on, the rows the store holds for it, and
-    metrics (gfcr.runner.resume.stored_batch); None: a step trains on what it made."""
+    metrics (gfcr.checkpoints.resume.stored_batch); None: a step trains on what it made."""
 
     def history(self, step: int) -> History | None:
         return self.history_at(step) if self.history_at else None
@@ -91,7 +91,7 @@ class Runtime:
     """What the loop drives: the pipeline and the live objects built from it."""
 
     pipeline: Pipeline
-    task: Any
+    task: Task
     services: Services
     stash: Stash
     record: Record = field(default_factory=Record)

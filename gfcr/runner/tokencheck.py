@@ -11,11 +11,10 @@ change in the pipeline.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from gfcr.core.engine import Tokenizer
+from gfcr.core.stage import Task
 
 SAMPLE = 5000
 """Rows checked from the start of each split (training and held-out)."""
@@ -75,7 +74,7 @@ def _round_trips(tok: Tokenizer, c: str) -> bool:
         return False
 
 
-def _message(tok: Any, task: str, bad: dict[str, dict[str, int]], first: dict[str, str],
+def _message(tok: Tokenizer, task: str, bad: dict[str, dict[str, int]], first: dict[str, str],
              remedy: str) -> str:
     parts = []
     for field, chars in bad.items():
@@ -98,7 +97,7 @@ def task_name(splits: dict[str, pa.Table], default: str) -> str:
     return default
 
 
-def check_task(task: Any, tokenizer: Tokenizer, remedy: str = "") -> int:
+def check_task(task: Task, tokenizer: Tokenizer, remedy: str = "") -> int:
     """:func:`check_tokenizer` on a task component's training and held-out splits."""
     splits = {"training": task.train_prompts(), "held-out": task.heldout_prompts()}
     return check_tokenizer(tokenizer, splits, task=task_name(splits, "task"), remedy=remedy)

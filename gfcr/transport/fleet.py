@@ -20,7 +20,7 @@ in the run's process. A multi-turn row's ``server`` is the server of its last po
 Every call to a server carries the fleet's key (:attr:`Fleet.key_file`, or the file
 ``GFCR_FLEET_KEY_FILE`` names; gfcr.transport.fleet_gate checks it on the server).
 
-Weights by version (:class:`gfcr.runner.weights.FileSync`): each version the learner hands out
+Weights by version (:class:`gfcr.weights.versions.FileSync`): each version the learner hands out
 is written once, in the engine's dtype, as a versioned folder (manifest last) under
 ``Fleet.weights`` (default: the run root's ``weights/RUN_ID``, which the servers must
 read under their ``--weights-root``; each file's SHA-256 in the manifest), then every
@@ -46,10 +46,10 @@ from gfcr.core.capabilities import EngineFleet, EngineSpec, WeightsDtype
 from gfcr.core.services import Pending, WeightHandle, awake
 from gfcr.core.stage import Generate, OnSegment, StepContext
 from gfcr.core.settings import Sampled
-from gfcr.runner.evaluation import evaluate
+from gfcr.evaluation.heldout import evaluate
 from gfcr.runner.inprocess import generate_with
 from gfcr.runner.serial import SerialCalls
-from gfcr.runner.weights import FileSync, WeightStore, directory
+from gfcr.weights.versions import FileSync, WeightStore, directory
 from gfcr.transport.fleet_gate import fleet_key
 
 

@@ -1,5 +1,5 @@
 """gfcr's worker extension for vLLM's own server (``--worker-extension-cls``): load a
-published weights version (gfcr.runner.weights) into the running engine, in place.
+published weights version (gfcr.weights.versions) into the running engine, in place.
 
 vLLM mixes this class into its worker; gfcr's gate on the server
 (gfcr.transport.fleet_gate, ``POST /gfcr/load``, the fleet's key required) is the only way
@@ -8,7 +8,7 @@ to call it: the server has no ``/collective_rpc`` route, so no other worker meth
 
 ``gfcr_load(folder)`` checks everything before it touches the model (issue 30): the
 folder is a published version under the server's weights root with a manifest naming
-plain files of its own folder whose SHA-256 match (gfcr.runner.published); every file
+plain files of its own folder whose SHA-256 match (gfcr.weights.published); every file
 parses as safetensors; the tensors' names and shapes are exactly those of the checkpoint
 the server started from (the embedding and output head: either, a tied model's file holds
 one) and their dtypes floating point. Only then are the tensors, held
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gfcr.runner.published import BadVersion, Checked, check
+from gfcr.weights.published import BadVersion, Checked, check
 from gfcr.transport.fleet_gate import ROOT_ENV  # set by gfcr engine serve
 HEAD = "lm_head.weight"
 FLOATS = ("float32", "float16", "bfloat16")

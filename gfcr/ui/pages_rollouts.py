@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from html import escape
 
 from gfcr.core.browse import TEXT_CAP, RolloutPage, RolloutQuery
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import clip, href, num, page, seg, table
 from gfcr.ui.params import integer, rollout_query, run_list
 from gfcr.report.rows import Row
@@ -21,7 +21,7 @@ _FIELDS = (("step", "step", 5), ("kept", "kept (true/false)", 5), ("stage", "dro
            ("server", "server", 10), ("version", "policy version", 5), ("q", "text or id", 16))
 
 
-def rollouts_page(ctx: Context, run_id: str, params: Mapping[str, str]) -> str:
+def rollouts_page(ctx: PageContext, run_id: str, params: Mapping[str, str]) -> str:
     ctx.run(run_id)
     query = rollout_query(params)
     browse = ctx.browse()
@@ -112,7 +112,7 @@ def _rows_table(run_id: str, rows: list[Row]) -> str:
                  tbody_id="rollout-rows")
 
 
-def group_page(ctx: Context, run_id: str, group_id: str) -> str:
+def group_page(ctx: PageContext, run_id: str, group_id: str) -> str:
     ctx.run(run_id)
     rows = ctx.browse().rollouts(run_id, RolloutQuery(group_id=group_id, limit=500))
     total = rows.num_rows
@@ -134,7 +134,7 @@ def group_page(ctx: Context, run_id: str, group_id: str) -> str:
                                                    ("rollouts", f"/runs/{seg(run_id)}/rollouts")])
 
 
-def prompt_page(ctx: Context, prompt_id: str, params: Mapping[str, str]) -> str:
+def prompt_page(ctx: PageContext, prompt_id: str, params: Mapping[str, str]) -> str:
     runs = run_list(params)
     if not runs:
         raise UiError(400, "bad parameter: runs= must name at least one run (runs=A,B)")

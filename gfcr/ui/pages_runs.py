@@ -15,7 +15,7 @@ import yaml
 
 from gfcr.report.data import ReportError, load_run
 from gfcr.report.rows import Row
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import clip, href, num, page, pct, seg, status_badge, table, when
 from gfcr.ui.params import run_list
 
@@ -26,14 +26,14 @@ SERIES = ("reward_mean", "pass_rate", "train/approx_kl", "train/loss", "train/gr
 """The step metrics the run page and the overlay chart (those a run has)."""
 
 
-def runs_page(ctx: Context, params: Mapping[str, str]) -> str:
+def runs_page(ctx: PageContext, params: Mapping[str, str]) -> str:
     body = ('<p><input id="run-filter" placeholder="filter runs (id, pipeline, status)" '
             'size="40"> <button id="overlay" disabled>overlay the picked runs (2-4)</button></p>'
             + runs_table(ctx))
     return page("Runs", body, data={"page": "runs", "store": ctx.uri})
 
 
-def runs_table(ctx: Context) -> str:
+def runs_table(ctx: PageContext) -> str:
     rows = ctx.browse().runs_overview().to_pylist()
     cells = [[f'<input type="checkbox" class="pick" value="{escape(r["run_id"])}">',
               f'<a href="/runs/{seg(r["run_id"])}">{escape(r["run_id"])}</a>', escape(r["pipeline"] or ""),
@@ -45,7 +45,7 @@ def runs_table(ctx: Context) -> str:
                  cls="runs", tbody_id="runs-body")
 
 
-def run_page(ctx: Context, run_id: str) -> str:
+def run_page(ctx: PageContext, run_id: str) -> str:
     run = ctx.run(run_id)
     spec = _spec(run.get("spec_yaml"))
     body = (f'<div id="run-head">{run_head(ctx, run_id)}</div>'
@@ -64,7 +64,7 @@ def run_page(ctx: Context, run_id: str) -> str:
                       "status": marker.get("status"), "series": list(SERIES)})
 
 
-def run_head(ctx: Context, run_id: str) -> str:
+def run_head(ctx: PageContext, run_id: str) -> str:
     run, marker = ctx.run(run_id), ctx.browse().marker(run_id) or {}
     status = run["status"]
     ended = ""
@@ -86,7 +86,7 @@ def _ended(status: str) -> str:
             "cancelled": "was cancelled"}.get(status, f"stopped ({status})")
 
 
-def steps_table(ctx: Context, run_id: str) -> str:
+def steps_table(ctx: PageContext, run_id: str) -> str:
     rows = ctx.reads().steps(run_id).to_pylist()
     cells = []
     for r in reversed(rows):
@@ -120,7 +120,7 @@ def _pipeline(spec: dict[str, object], spec_yaml: str | None) -> str:
             f"<details><summary>spec (YAML)</summary><pre>{escape(spec_yaml or '')}</pre></details>")
 
 
-def _evaluations(ctx: Context, run_id: str) -> str:
+def _evaluations(ctx: PageContext, run_id: str) -> str:
     rows = ctx.reads().evaluations(run_id).to_pylist()
     if not rows:
         return "<p>none yet</p>"
@@ -138,7 +138,7 @@ def _evaluations(ctx: Context, run_id: str) -> str:
         "last evaluation)</p>")
 
 
-def drops_fragment(ctx: Context, run_id: str) -> str:
+def drops_fragment(ctx: PageContext, run_id: str) -> str:
     rows = ctx.browse().drop_reasons(run_id).to_pylist()
     if not rows:
         return "<p>none</p>"
@@ -149,7 +149,7 @@ def drops_fragment(ctx: Context, run_id: str) -> str:
          f'{escape(r["reason"])}</a>', num(r["n"])] for r in rows])
 
 
-def doctor_fragment(ctx: Context, run_id: str) -> str:
+def doctor_fragment(ctx: PageContext, run_id: str) -> str:
     """The run's warnings (its error, phase times) and ``gfcr doctor``'s findings."""
     from gfcr.doctor import diagnose
 
@@ -168,7 +168,7 @@ def doctor_fragment(ctx: Context, run_id: str) -> str:
     return "".join(out)
 
 
-def _phase_times(ctx: Context, run_id: str) -> str:
+def _phase_times(ctx: PageContext, run_id: str) -> str:
     """Seconds per step spent in each stage (``time/*`` metrics) and in the whole step."""
     totals: dict[str, float] = {}
     rows = ctx.reads().steps(run_id).to_pylist()
@@ -183,7 +183,7 @@ def _phase_times(ctx: Context, run_id: str) -> str:
     return "<h3>Phase times</h3>" + table(["phase", "seconds (all steps)", "per step"], cells)
 
 
-def series(ctx: Context, params: Mapping[str, str]) -> dict[str, object]:
+def series(ctx: PageContext, params: Mapping[str, str]) -> dict[str, object]:
     """``/api/series?runs=A,B[&source=steps]``: per run, its steps and the chosen series,
     as ``gfcr report`` reads them (gfcr.report.data.load_run); ``source=steps``: only
     those the ``steps`` table holds (a few rows a run, however many rollouts it has: the
@@ -205,7 +205,7 @@ def series(ctx: Context, params: Mapping[str, str]) -> dict[str, object]:
     return out
 
 
-def _series(ctx: Context, run_id: str, steps_only: bool) -> dict[str, object]:
+def _series(ctx: PageContext, run_id: str, steps_only: bool) -> dict[str, object]:
     if steps_only:
         rows = ctx.reads().steps(run_id).to_pylist()
         steps = [r["step"] for r in rows]
@@ -232,7 +232,7 @@ def _accuracy_series(steps: list[int], accuracy: list[tuple[int, float, str]]) -
     return [at.get(s, math.nan) for s in steps]
 
 
-def compare_page(ctx: Context, params: Mapping[str, str]) -> str:
+def compare_page(ctx: PageContext, params: Mapping[str, str]) -> str:
     runs = run_list(params)
     if not 2 <= len(runs) <= 4:
         raise UiError(400, f"bad parameter: runs={params.get('runs', '')!r}: pick 2 to 4 runs to overlay")

@@ -24,7 +24,7 @@ from typing import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gfcr.ui import pages_evals, pages_rollout, pages_rollouts, pages_runs
-from gfcr.ui.context import Context, UiError
+from gfcr.ui.context import PageContext, UiError
 from gfcr.ui.html import error_page, json_text, plain
 
 POLL_S = 0.4
@@ -37,7 +37,7 @@ _STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
 _ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" '
          'rx="3" fill="#1d2330"/><path d="M3 12 L7 7 L10 9 L13 4" stroke="#9cc3ff" fill="none"/></svg>')
 
-Handler = Callable[[Context, list[str], dict[str, str]], tuple[str, str]]
+Handler = Callable[[PageContext, list[str], dict[str, str]], tuple[str, str]]
 
 
 def _html(render: Callable[..., str]) -> Handler:
@@ -79,8 +79,8 @@ class UiServer(ThreadingHTTPServer):
 
     def __init__(self, store: str, host: str = "127.0.0.1", port: int = 8765,
                  token: str | None = None):
-        self.ctx = Context(store)
-        self.feed = Context(store)  # the live feed's own connection: pages never wait on it
+        self.ctx = PageContext(store)
+        self.feed = PageContext(store)  # the live feed's own connection: pages never wait on it
         self.token = token if token is not None else (None if host in LOOPBACK else secrets.token_urlsafe(16))
         self.stopping = threading.Event()
         self.failures: list[str] = []
@@ -198,7 +198,7 @@ class _Request(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-def _marker(ctx: Context, run_id: str) -> object:
+def _marker(ctx: PageContext, run_id: str) -> object:
     """A run's marker, or (no run named) every run's (id, status, steps); an error's text."""
     try:
         if run_id:

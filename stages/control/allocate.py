@@ -30,7 +30,8 @@ from pydantic import Field, model_validator
 
 from gfcr.core.rollout import col
 from gfcr.core.rollout import RECYCLE
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 
 Rule = Literal["uncertainty", "sqrt", "hard"]
 

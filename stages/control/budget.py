@@ -16,7 +16,8 @@ from pydantic import Field
 
 from gfcr.core.engine import Decision, Inflight
 from gfcr.core.rollout import col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.control.allocate import fresh_rows, posterior, put_column
 from gfcr.core.rollout import RECYCLE
 

@@ -16,7 +16,8 @@ from pydantic import Field
 
 from gfcr.core.engine import Decision, Flight, Inflight
 from gfcr.core.rollout import RECYCLE
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 
 
 @register("control")

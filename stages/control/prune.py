@@ -16,7 +16,8 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.core.engine import Decision, Inflight
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.control.partial import counting_flight
 from stages.control.quality import Head, examples, features, fit, recent_rollouts
 

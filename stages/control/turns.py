@@ -20,7 +20,8 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from gfcr.core.rollout import PLAN_MAX_TURNS, PLAN_N, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.control.allocate import fresh_rows, posterior, put_column
 from stages.control.budget import token_caps
 

@@ -12,8 +12,9 @@ from typing import Any, Iterator
 
 import torch
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                              encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, SamplingParams, SegmentHook, encode_prompt,
+                              stop_token_ids)
+from gfcr.core.policy import Policy
 from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output

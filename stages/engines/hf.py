@@ -17,7 +17,7 @@ completion text ending after the prefix; the token that completed it stays.
 Logprob convention: the logprob of a sampled token is ``log_softmax(logits / T)`` at that
 token for ``T > 0`` and ``log_softmax(logits)`` for greedy, taken *before* top-p
 truncation. That is exactly what a teacher-forced forward pass at the same temperature
-computes; :func:`token_logprobs` and :func:`batch_token_logprobs` are that pass
+computes; :mod:`stages.engines.hf_sampling`'s ``token_logprobs`` is that pass
 (:mod:`stages.logprobs`, which the trainer and Hints use too). It equals vLLM's
 ``processed_logprobs`` at ``top_p=1``; with ``top_p<1`` vLLM renormalises over the
 nucleus and this engine does not.
@@ -48,13 +48,16 @@ import torch
 from pydantic import Field
 from transformers import DynamicCache
 
-from gfcr.core.engine import (GenOutput, GenRequest, Policy, SamplingParams, SegmentHook,
-                              encode_prompt, stop_token_ids)
-from gfcr.core.stage import Spec, register
+from gfcr.core.engine import (GenOutput, GenRequest, SamplingParams, SegmentHook, encode_prompt,
+                              stop_token_ids)
+from gfcr.core.policy import Policy
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages import lora
 from stages.engines import teacher
 from stages.engines._seqs import Seq, ask_hook, check_keys, context_of, new_seq, output
-from stages.logprobs import completion_logprobs, log_probs
+from stages.engines.hf_sampling import sample_next, top_entries
+from stages.logprobs import log_probs
 
 
 @register("engine")
@@ -95,65 +98,6 @@ class HF(Spec):
         policy.model.to(device)
         autocast = None if want == model_dtype else want
         return HFEngine(policy, autocast=autocast, max_batch=self.max_batch, seed=seed)
-
-
-# --------------------------------------------------------------------------- logprobs
-
-
-def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The convention (:func:`stages.logprobs.log_probs`) on the sampling path."""
-    return log_probs(logits, temperature)
-
-
-def token_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int],
-                   temperature: float = 1.0) -> torch.Tensor:
-    """Teacher-forced logprobs of ``completion_ids`` after ``prompt_ids``, one per token,
-    under the engine's convention. Differentiable when grad is enabled."""
-    logprobs, _ = batch_token_logprobs(model, [prompt_ids], [completion_ids], temperature)
-    return logprobs[0, :len(completion_ids)]
-
-
-def batch_token_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]],
-                         temperature: float = 1.0, pad_id: int = 0
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced logprobs of many completions: the one forward pass the trainer and
-    the tree share (:func:`stages.logprobs.completion_logprobs`).
-
-    Returns ``(logprobs, mask)``, both ``[batch, longest completion]``: row i holds the
-    logprobs of completion i's tokens, zero where ``mask`` is False (padding).
-    """
-    return completion_logprobs(model, prompts, completions, temperature, pad_id)
-
-
-def _sample(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its logprob, from the rows' logprobs (convention above,
-    before top-p)."""
-    if params.temperature == 0:
-        tok = logp.argmax(dim=-1)
-    else:
-        probs = logp.exp()
-        if params.top_p < 1.0:
-            probs = _nucleus(probs, params.top_p)
-        tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-    return tok, logp.gather(1, tok[:, None]).squeeze(1)
-
-
-def _top(logp: torch.Tensor, k: int) -> list[list[tuple[int, float]]] | None:
-    """Each row's ``k`` most likely (token, logprob) pairs; None when ``k`` is 0."""
-    if k == 0:
-        return None
-    values, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
-    return [list(zip(map(int, i), map(float, v)))
-            for i, v in zip(ids.tolist(), values.double().tolist())]
-
-
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest top set whose mass reaches ``top_p``
-    (the most likely token always stays)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
-    return probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
 
 
 # --------------------------------------------------------------------------- engine
@@ -293,11 +237,11 @@ class _Wave:
         logits = self._prefill()
         step = 0
         while True:
-            logp = _log_probs(logits, self.params.temperature)
-            tok, lp = _sample(logp, self.params, self.gen)
+            logp = log_probs(logits, self.params.temperature)
+            tok, lp = sample_next(logp, self.params, self.gen)
             step += 1
             toks, lps = torch.stack((tok.double(), lp.double())).tolist()  # one sync
-            self._record([int(t) for t in toks], lps, _top(logp, self.params.top_logprobs))
+            self._record([int(t) for t in toks], lps, top_entries(logp, self.params.top_logprobs))
             if self.hook is not None and step % self.params.segment_tokens == 0:
                 self._ask_hook()
             keep = [i for i, s in enumerate(self.live) if s.reason is None]

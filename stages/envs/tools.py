@@ -31,7 +31,7 @@ CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class Call:
+class ToolCall:
     """A parsed tool call, or the reason it did not parse (``error``)."""
 
     name: str | None
@@ -39,7 +39,7 @@ class Call:
     error: str | None = None
 
 
-def parse_call(reply: str) -> Call | None:
+def parse_call(reply: str) -> ToolCall | None:
     """The reply's first tool call; None when it makes none."""
     found = CALL.search(reply)
     if found is None:
@@ -47,13 +47,13 @@ def parse_call(reply: str) -> Call | None:
     try:
         data = json.loads(found.group(1).strip())
     except json.JSONDecodeError as err:
-        return Call(None, {}, f"parse: the tool call is not JSON ({err.msg})")
+        return ToolCall(None, {}, f"parse: the tool call is not JSON ({err.msg})")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return Call(None, {}, 'parse: a tool call is {"name": ..., "arguments": {...}}')
+        return ToolCall(None, {}, 'parse: a tool call is {"name": ..., "arguments": {...}}')
     arguments = data.get("arguments", {})
     if not isinstance(arguments, dict):
-        return Call(data["name"], {}, "parse: the tool call's arguments are not an object")
-    return Call(data["name"], arguments)
+        return ToolCall(data["name"], {}, "parse: the tool call's arguments are not an object")
+    return ToolCall(data["name"], arguments)
 
 
 PYTHON = Tool("python", "Run a Python program in a sandbox and see what it prints.",

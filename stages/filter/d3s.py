@@ -42,7 +42,8 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.core.rollout import D3S_ADVANTAGE, TOKEN_KEEP_RATIO, col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.filter._table import scored_groups, set_column
 from stages.advantages import known_advantage, lookup_advantage
 

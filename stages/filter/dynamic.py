@@ -17,7 +17,8 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from gfcr.core.rollout import col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 
 
 @register("filter")

@@ -37,7 +37,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.core.rollout import TURN_ADVANTAGES, col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.advantages import drgrpo, grpo
 from stages.filter._table import set_column
 from stages.filter._turns import anchor, discounted, observations, policy_turns, step_rewards

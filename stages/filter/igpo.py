@@ -41,7 +41,8 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE, col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, Teacher, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext, Teacher
+from gfcr.core.registry import register
 from stages.advantages import grpo
 from stages.filter._table import set_column
 from stages.filter._turns import discounted, policy_turns

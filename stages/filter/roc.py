@@ -31,9 +31,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core.refs import resolve
+from gfcr.config.refs import resolve
 from gfcr.core.rollout import col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.filter._table import scored_groups, set_column
 
 FORMAT_ERRORS = "format_errors"

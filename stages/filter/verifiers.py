@@ -29,7 +29,7 @@ from typing import Annotated, Any, Callable, Literal, Protocol, Union
 
 from pydantic import Field, field_validator
 
-from gfcr.core.refs import resolve
+from gfcr.config.refs import resolve
 from gfcr.core.stage import Spec, StepContext
 from stages.sandbox.harness import passed, plan
 from stages.sandbox import Sandbox, refusal, run_python, unavailable

@@ -42,7 +42,8 @@ import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.core.rollout import col
-from gfcr.core.stage import FilterResult, StageSpec, StepContext, register
+from gfcr.core.stage import FilterResult, StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.procs import scorer_workers
 from gfcr.procs.helper import call_with_timeout, charge
 from stages.filter._table import set_column

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 
 @dataclass
-class Outcome:
+class CallOutcome:
     """How one call ended: its value, or the error it raised, or a timeout."""
 
     value: Any = None
@@ -24,10 +24,10 @@ class Outcome:
     timed_out: bool = False
 
 
-def call_all(calls: list[Callable[[], Any]], *, timeout: float, workers: int) -> list[Outcome]:
+def call_all(calls: list[Callable[[], Any]], *, timeout: float, workers: int) -> list[CallOutcome]:
     """Run ``calls``, ``workers`` at a time, each allowed ``timeout`` seconds; outcomes in
     call order. Never raises for what a call does."""
-    out = [Outcome() for _ in calls]
+    out = [CallOutcome() for _ in calls]
     for start in range(0, len(calls), max(1, workers)):
         chunk = range(start, min(len(calls), start + max(1, workers)))
         threads = {i: _start(calls[i], out[i]) for i in chunk}
@@ -35,11 +35,11 @@ def call_all(calls: list[Callable[[], Any]], *, timeout: float, workers: int) ->
         for i, (thread, done) in threads.items():
             thread.join(max(0.0, deadline - time.monotonic()))
             if not done.is_set():
-                out[i] = Outcome(timed_out=True)  # abandoned: its result is never read
+                out[i] = CallOutcome(timed_out=True)  # abandoned: its result is never read
     return out
 
 
-def _start(fn: Callable[[], Any], slot: Outcome) -> tuple[threading.Thread, threading.Event]:
+def _start(fn: Callable[[], Any], slot: CallOutcome) -> tuple[threading.Thread, threading.Event]:
     done = threading.Event()
 
     def run() -> None:

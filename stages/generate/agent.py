@@ -46,11 +46,12 @@ from typing import Any, Callable, ClassVar, Iterator, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core import refs
+from gfcr.config import refs
 from gfcr.core.chat import chat_format
 from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.endpoint._limits import context_limit, max_token_chars
 from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._episodes import Episode
@@ -129,12 +130,12 @@ class AgentEnv(StageSpec):
         tokenizer = chat_tokenizer(engine, self.label)
         chat = chat_format(tokenizer)
         codec = OpenAIChat(chat)
-        runs: list[_Run] = []
+        runs: list[_AgentRun] = []
         for p_idx, prompt in enumerate(tasks):
             cap = None if prompt.get(PLAN_MAX_TOKENS) is None else int(prompt[PLAN_MAX_TOKENS])
             group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
             for sample in range(_n(prompt, self.n)):
-                runs.append(_Run(p_idx, sample, Episode(len(runs), codec, max_tokens=cap),
+                runs.append(_AgentRun(p_idx, sample, Episode(len(runs), codec, max_tokens=cap),
                                  group))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
@@ -151,7 +152,7 @@ class AgentEnv(StageSpec):
         """The function each episode runs (a subclass may supply its own)."""
         return _agent(self.agent, f"stage {self.label!r}: agent")
 
-    def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_Run"],
+    def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_AgentRun"],
                engine: Engine) -> pa.Table:
         rows: list[dict[str, Any]] = []
         ends: list[str] = []
@@ -184,7 +185,7 @@ class AgentEnv(StageSpec):
 
 
 @dataclass
-class _Run:
+class _AgentRun:
     """One episode: its task row, sample index, record and outcome."""
 
     task: int
@@ -227,10 +228,10 @@ class _Driver:
                  server: AgentServer, waves: Waves) -> None:
         self.spec, self.engine, self.server, self.waves = spec, engine, server, waves
         self.seeds = ctx.rng(spec.label)
-        self.live: list[_Run] = []
+        self.live: list[_AgentRun] = []
         self.groups: dict[int, str] = {}  # episode index -> its task's group
 
-    def run(self, runs: list[_Run], fn: Callable[..., Any], client: Any,
+    def run(self, runs: list[_AgentRun], fn: Callable[..., Any], client: Any,
             tasks: list[dict[str, Any]]) -> None:
         todo = list(runs)
         while todo or self.live:
@@ -250,7 +251,7 @@ class _Driver:
         return max(0.0, min((r.started + self.spec.timeout - now for r in self.live),
                             default=0.0))
 
-    def _start(self, run: _Run, fn: Callable[..., Any], clients: Callable[[str], Any],
+    def _start(self, run: _AgentRun, fn: Callable[..., Any], clients: Callable[[str], Any],
                task: dict[str, Any]) -> None:
         client = clients(self.server.open(run.episode))
 

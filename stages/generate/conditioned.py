@@ -49,7 +49,8 @@ from pydantic import Field
 
 from gfcr.core.engine import Engine, SegmentHook, encode_prompt
 from gfcr.core.rollout import EXEMPLARS, HINT_TOKENS, col  # noqa: F401 (tests import them here)
-from gfcr.core.stage import Spec, StageSpec, StepContext, register
+from gfcr.core.stage import Spec, StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.generate._policy import forced_logprobs
 from stages.generate.group import GENERATED, GroupSample, generate_groups
 from stages.generate.rows import RECYCLE, plan_samples, to_table

@@ -39,8 +39,9 @@ from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,
                                PLAN_N, ROLLOUT_SCHEMA, TURN_COUNT, col, stable_id)
 from gfcr.core.trajectory import Trajectory
-from gfcr.core.stage import OnSegment, StageSpec, StepContext, register
-from stages.generate._calls import Outcome, call_all
+from gfcr.core.stage import OnSegment, StageSpec, StepContext
+from gfcr.core.registry import register
+from stages.generate._calls import CallOutcome, call_all
 from stages.generate._policy import chat_tokenizer
 from stages.generate.rows import GENERATED_SCHEMA, Made, plan_samples, rollout_row, to_table
 
@@ -257,7 +258,7 @@ def _task(prompt: dict[str, Any]) -> dict[str, Any]:
             PLAN_MAX_TOKENS: prompt.get(PLAN_MAX_TOKENS), "row": prompt}
 
 
-def _failed(e: EnvEpisode, o: Outcome, call: str) -> bool:
+def _failed(e: EnvEpisode, o: CallOutcome, call: str) -> bool:
     """Record an environment's failure on its episode; whether it failed."""
     if o.timed_out:
         e.end, e.error = "env_timeout", f"EnvTimeout: {call} took longer than the limit"

@@ -9,7 +9,8 @@ from pydantic import Field
 
 from gfcr.core.engine import Engine, GenRequest, SamplingParams, SegmentHook, encode_prompt
 from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, NEW_TOKENS, ROLLOUT_SCHEMA, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.generate.rows import (carried, continued, hold_unfinished_groups, plan_samples,
                                   rollout_row, single_turn, stable_id, to_table)
 

@@ -52,7 +52,8 @@ from pydantic import Field
 from gfcr.core.engine import (Decision, Engine, GenOutput, GenRequest, Inflight, SamplingParams,
                               SegmentHook, encode_prompt)
 from gfcr.core.rollout import PLAN_MAX_TOKENS, PLAN_N, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.generate._policy import BranchPoint, branch_points
 from stages.generate.group import GENERATED
 from stages.generate.rows import Made, rollout_row, single_turn, stable_id, to_table

@@ -28,7 +28,8 @@ import pyarrow as pa
 from pydantic import Field, PrivateAttr, model_validator
 
 from gfcr.core.engine import Engine, SegmentHook
-from gfcr.core.stage import StepContext, register
+from gfcr.core.stage import StepContext
+from gfcr.core.registry import register
 from stages.envs import _vf
 from stages.generate.agent import AgentEnv
 

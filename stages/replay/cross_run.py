@@ -35,7 +35,8 @@ from pydantic import Field, model_validator
 from gfcr.core import storage
 from gfcr.core.rollout import col
 from gfcr.core.row_filter import ASCENDING, RowFilter
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.core.storage import History
 from stages.replay import _copies, _reads
 

@@ -33,7 +33,8 @@ import pyarrow as pa
 from pydantic import Field, PrivateAttr
 
 from gfcr.core.rollout import PROMPT_COLUMNS, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.replay import _beliefs, _reads
 
 NGRAMS = (1, 2, 3)

@@ -35,7 +35,8 @@ from pydantic import Field
 from gfcr.core.capabilities import ContinuesBranches
 from gfcr.core.rollout import BRANCH, BRANCH_TYPE, PROMPT_COLUMNS, PROMPT_SCHEMA, col, stable_id
 from gfcr.core.row_filter import ASCENDING, DESCENDING, RowFilter
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.core.storage import History
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [

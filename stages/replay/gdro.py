@@ -33,7 +33,8 @@ from pydantic import Field
 
 from gfcr.core.rollout import PROMPT_COLUMNS, col
 from gfcr.core.row_filter import ATTEMPTS
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.core.storage import History
 from stages.replay import _beliefs
 

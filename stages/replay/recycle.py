@@ -31,7 +31,8 @@ from gfcr.core.capabilities import ContinuesPartials
 from gfcr.core.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA, col
 from gfcr.core.rollout import EXEMPLARS, HINT_TOKENS, RECYCLE, RECYCLE_TYPE
 from gfcr.core.row_filter import ASCENDING, RowFilter
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.core.storage import History
 
 PLAN_SCHEMA = pa.schema(list(PROMPT_SCHEMA) + [

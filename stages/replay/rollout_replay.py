@@ -35,7 +35,8 @@ from pydantic import Field
 
 from gfcr.core.rollout import col
 from gfcr.core.row_filter import RowFilter
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from gfcr.core.storage import History
 from stages.replay import _copies, _reads
 

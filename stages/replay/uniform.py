@@ -8,7 +8,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.core.rollout import PROMPT_COLUMNS, PROMPT_SCHEMA
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 
 
 @register("replay")

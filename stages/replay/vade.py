@@ -28,7 +28,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.core.rollout import PROMPT_COLUMNS, col
-from gfcr.core.stage import StageSpec, StepContext, register
+from gfcr.core.stage import StageSpec, StepContext
+from gfcr.core.registry import register
 from stages.replay import _beliefs
 
 

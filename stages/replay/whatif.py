@@ -36,7 +36,8 @@ import yaml
 from gfcr.core import storage
 from gfcr.core.rollout import col
 from gfcr.core.row_filter import ASCENDING, RowFilter
-from gfcr.core.stage import FILTER, StageSpec, StepContext, lookup
+from gfcr.core.stage import FILTER, StageSpec, StepContext
+from gfcr.core.registry import lookup
 from gfcr.core.storage import History
 from gfcr.core.filters import applied, set_column
 from stages.replay import _reads

@@ -29,9 +29,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from gfcr.core.refs import REF, resolve
+from gfcr.config.refs import REF, resolve
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.tasks._readers import DataFileError, Format, Row, read
 
 SCORERS = ("exact", "math-verify")

@@ -24,7 +24,8 @@ from pydantic import Field, PrivateAttr, model_validator
 from reasoning_gym.factory import DATASETS
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.tasks._readers import DataFileError, read
 
 _HELDOUT_SEED_OFFSET = 1_000_003

@@ -25,7 +25,8 @@ import pyarrow as pa
 from pydantic import Field, PrivateAttr, model_validator
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-from gfcr.core.stage import Spec, register
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.envs import _vf
 
 

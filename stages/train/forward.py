@@ -23,7 +23,7 @@ def sequence_logprobs(model: Any, prompts: list[list[int]], completions: list[li
                       temperature: float = 1.0, pad_id: int = 0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced ``log_softmax(logits / T)`` (raw logits for ``T == 0``) of each
-    completion token: the engine's convention (:func:`stages.engines.hf.batch_token_logprobs`,
+    completion token: the engine's convention (:func:`stages.engines.hf_sampling.batch_token_logprobs`,
     same shapes and values). Returns ``(logprobs, mask)``, both ``[B, T]``.
 
     The rows run packed where that costs less (:mod:`stages.packing`: one row holding

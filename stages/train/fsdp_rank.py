@@ -27,7 +27,7 @@ from stages.train.ranks import Shardable
 
 @dataclass(frozen=True)
 class _Gathered:
-    """A full state dict on rank 0, as gfcr.runner.weights.WeightStore.publish writes it."""
+    """A full state dict on rank 0, as gfcr.weights.versions.WeightStore.publish writes it."""
 
     state: dict[str, torch.Tensor]
 

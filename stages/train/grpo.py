@@ -49,10 +49,11 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.core.capabilities import SamplingTemperature
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.rollout import col
 from gfcr.core.sharding import RankPlace, RankWorker, ShardSetup
-from gfcr.core.stage import StageSpec, register
+from gfcr.core.stage import StageSpec
+from gfcr.core.registry import register
 from stages.advantages import known_advantage
 from stages.train.forward import sequence_logprobs
 from stages.train.learner import GRPOLearner, LearnerOptions

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.stage import StepContext, TrainResult
 from stages.train import masks as loss_masks
 from stages.train import offpolicy

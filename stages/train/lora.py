@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.spec import Spec
 from stages import lora as peft_lora
 

@@ -28,8 +28,10 @@ import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import load_model, save_model
 
-from gfcr.core.engine import Policy, encode_prompt
-from gfcr.core.stage import Spec, register
+from gfcr.core.engine import encode_prompt
+from gfcr.core.policy import Policy
+from gfcr.core.stage import Spec
+from gfcr.core.registry import register
 from stages.train.device import adamw
 from stages.train.forward import sequence_logprobs
 

@@ -11,7 +11,8 @@ import pyarrow as pa
 import torch
 
 from gfcr.core.rollout import col
-from stages.advantages import READS_COMPONENTS, lookup_advantage, reward_components
+from stages.advantages import READS_COMPONENTS, lookup_advantage
+from stages.reward_components import reward_components
 from stages.train.batching import padded
 from stages.train.loss import Aggregation, policy_loss_terms, truncated_is_weights
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gfcr.launch.flow import device_limit_name
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
 

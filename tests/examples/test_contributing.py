@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from gfcr import execute
-from gfcr.core.stage import REGISTRY, phase_table
+from gfcr.core.stage import phase_table
+from gfcr.core.registry import REGISTRY
 from store import RolloutStore
 
 PAGE = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gfcr.launch.run import execute
-from gfcr.runner.cancel import RunCancelled, Stop
+from gfcr.checkpoints.cancel import RunCancelled, Stop
 from stages import GRPO, VADE, GroupSample, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

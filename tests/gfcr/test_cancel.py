@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from tests.conftest import tiny_pipeline
 from store import RolloutStore, StoreError
 
@@ -125,7 +125,7 @@ def test_a_second_sigint_stops_at_once_and_loses_no_committed_step(tmp_path):
 
 
 def test_a_stop_request_is_set_once_by_whoever_asks_first():
-    from gfcr.runner.cancel import Stop
+    from gfcr.checkpoints.cancel import Stop
 
     heard: list[str] = []
     stop = Stop(notify=heard.append)
@@ -168,7 +168,7 @@ def test_an_error_raised_for_the_second_signal_still_ends_the_run_cancelled(tmp_
     of its own (DuckDB: "Query interrupted"); the run still ends cancelled, not failed,
     and keeps the steps it committed."""
     from gfcr.launch.run import execute
-    from gfcr.runner.cancel import Stop
+    from gfcr.checkpoints.cancel import Stop
 
     stop = Stop()
 
@@ -194,7 +194,7 @@ def test_a_second_signal_while_the_run_records_its_end_interrupts_nothing():
     """Past the step boundary the run records its end (the commit in flight, its status);
     a second signal then marks the stop as at once but raises nothing into that record.
     Before it, the second signal raises KeyboardInterrupt."""
-    from gfcr.runner.cancel import Stop, on_signals
+    from gfcr.checkpoints.cancel import Stop, on_signals
 
     stop = Stop()
     with on_signals(stop):
@@ -219,7 +219,7 @@ def test_a_signal_after_the_cli_run_has_stopped_is_ignored():
     """``gfcr run``'s handlers stay once a stop was requested (on_signals(last=True)): a
     second signal that comes after the run stopped marks the stop and raises nothing into
     the command's last words (Python's own handler would, and click would print Aborted)."""
-    from gfcr.runner.cancel import Stop, on_signals
+    from gfcr.checkpoints.cancel import Stop, on_signals
 
     stop = Stop()
     try:

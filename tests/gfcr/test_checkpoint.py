@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from gfcr.runner import checkpoint
-from gfcr.runner.checkpoint import CheckpointError
+from gfcr.checkpoints import checkpoint
+from gfcr.checkpoints.checkpoint import CheckpointError
 from gfcr.runner.inprocess import LocalLearner
 from stages import GRPO, HF, TinyLlama
 

@@ -12,7 +12,7 @@ import pytest
 
 from gfcr.core.loading import load
 from gfcr.core.pipeline import PipelineError
-from gfcr.core.problems import counted
+from gfcr.config.problems import counted
 
 HEADER = """\
 from gfcr import Evaluation, Pipeline

@@ -12,7 +12,8 @@ import gfcr
 import stages
 from gfcr.cli import app
 from gfcr.commands.stages import kind_order, type_name
-from gfcr.core.stage import REGISTRY, Spec, load_plugins
+from gfcr.core.stage import Spec
+from gfcr.core.registry import REGISTRY, load_plugins
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gfcr import execute
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from gfcr.runner.commits import BackgroundCommits, LazyHistory
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

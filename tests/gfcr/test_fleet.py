@@ -18,9 +18,10 @@ import pytest
 
 from gfcr.launch.placement import Placement
 from gfcr.core.engine import GenRequest, SamplingParams
-from gfcr.core.stage import StageSpec, register
+from gfcr.core.stage import StageSpec
+from gfcr.core.registry import register
 from gfcr.launch.run import execute
-from gfcr.runner.weights import WeightStore, directory
+from gfcr.weights.versions import WeightStore, directory
 from gfcr.transport.fleet import Fleet
 from stages import GRPO, GroupSample, RecyclePartials, TokenBudget, UniformSampler, Verify
 from stages.engines import teacher

@@ -16,7 +16,7 @@ from gfcr.launch.placement import Placement
 from gfcr import Pipeline
 from gfcr.core.rollout import loss_mask
 from gfcr.launch.run import execute
-from gfcr.runner.weights import WeightStore, directory
+from gfcr.weights.versions import WeightStore, directory
 from gfcr.transport.fleet import Fleet
 from pipelines.agentic import pipeline as agentic
 from stages import GRPO, AgentEnv, Episodes, TinyLlama, UniformSampler

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli import app
-from gfcr.runner.weights import WeightStore
+from gfcr.weights.versions import WeightStore
 from stages.engines._fleet_client import Server, ServerError
 from tests.resources import fleet as servers
 from tests.resources.vllm import VLLM_POLICY

@@ -131,7 +131,7 @@ def test_reward_of_1e308_is_clipped_with_a_warning_and_the_weights_stay_finite()
     """main: the advantages became NaN, then the weights, then a torch error."""
     from gfcr.runner.inprocess import local_services
     from gfcr.runner.loop import Runtime, run_step
-    from gfcr.runner.stash import MemoryStash
+    from gfcr.transport.stash import MemoryStash
     from stages import GRPO, GroupSample, UniformSampler, Verify
 
     p = tiny_pipeline(steps=2, stages=[

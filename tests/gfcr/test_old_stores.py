@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from gfcr.cli import app
 from gfcr.ui import serve
 from store import RolloutStore
-from store.reads import RunReads
+from store.reads import LakeRunReads
 from tests.resources import old_store
 
 RUN = old_store.RUN_ID
@@ -104,7 +104,7 @@ def test_an_old_store_reads_the_same_before_and_after_its_migration(
 
     def reads(read_only: bool) -> list:
         with RolloutStore.open(folder, read_only=read_only) as s:
-            r = RunReads(s)
+            r = LakeRunReads(s)
             views = [sorted(r.view(name, RUN).to_pylist(), key=repr)  # some are unordered
                      for name in ("report_steps", "drops", "turn_figures")]
             return [r.runs().to_pylist(), r.evaluations(RUN).to_pylist(),

@@ -13,10 +13,10 @@ import torch
 
 from gfcr import EvalSet, Evaluation, Sampled
 from gfcr.launch.run import execute
-from gfcr.runner import checkpoint
-from gfcr.runner.evaluation import pass_at_k
-from gfcr.runner.export import ExportHook
-from gfcr.runner.trackers import trackers
+from gfcr.checkpoints import checkpoint
+from gfcr.evaluation.heldout import pass_at_k
+from gfcr.checkpoints.export import ExportHook
+from gfcr.tracking.trackers import trackers
 from stages import FileTask
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

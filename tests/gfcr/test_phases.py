@@ -9,7 +9,8 @@ import pytest
 
 from gfcr.core.composition import execution_order
 from gfcr.core.stage import (AUGMENT, FILTER, PHASES, SELECT, Augment, FilterResult, Select,
-                             StageSpec, register)
+                             StageSpec)
+from gfcr.core.registry import register
 from stages import GRPO, DynamicSampling, GroupSample, UniformSampler, Verify
 
 

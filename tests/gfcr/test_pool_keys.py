@@ -1,5 +1,5 @@
 """The pool key (gfcr.transport.remote.keys) and the list of code a worker resolves by import path
-(gfcr.core.refs): what an engine worker requires before it runs a call (issue 26)."""
+(gfcr.config.refs): what an engine worker requires before it runs a call (issue 26)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gfcr.core import refs
+from gfcr.config import refs
 from gfcr.transport.remote.call import ScoreCall
 from gfcr.transport.remote.keys import KeyProblem, load_key, new_key, sign, signed_by
 

@@ -28,7 +28,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 @pytest.fixture(scope="module")
 def prefect_run(prefect_server: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """The healthy run under Prefect with MLflow tracking, and a second run to compare."""
-    from gfcr.runner.tracking import MlflowHook
+    from gfcr.tracking.mlflow_hook import MlflowHook
 
     root = tmp_path_factory.mktemp("report")
     summary = run(healthy_pipeline(steps=8), root, executor="prefect", hooks=[MlflowHook()])

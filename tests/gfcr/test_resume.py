@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from gfcr import execute
 from gfcr.cli import app
-from gfcr.runner import checkpoint
-from gfcr.runner.resume import ResumeError
-from gfcr.runner.tracking import MlflowHook
+from gfcr.checkpoints import checkpoint
+from gfcr.checkpoints.resume import ResumeError
+from gfcr.tracking.mlflow_hook import MlflowHook
 from stages import GRPO, DynamicSampling, GroupSample, RolloutReplay, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline
@@ -234,7 +234,7 @@ def test_a_run_stored_before_a_field_existed_resumes_as_it_ran(tmp_path):
     (the checkpoint's vocabulary); asking for the byte one is refused as a change."""
     import yaml
 
-    from gfcr.runner.resume import as_stored
+    from gfcr.checkpoints.resume import as_stored
 
     execute(_pipeline(1), root=tmp_path, executor="local", run_id="old")
     old = _pipeline(1).to_dict()

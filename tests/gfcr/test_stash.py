@@ -7,7 +7,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from gfcr.runner.stash import FileStash, SpillStash
+from gfcr.transport.stash import FileStash, SpillStash
 
 
 def _table(n: int, fill: int = 0) -> pa.Table:

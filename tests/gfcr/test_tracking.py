@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from gfcr.launch.run import execute
-from gfcr.runner.tracking import MlflowHook, flatten
+from gfcr.tracking.mlflow_hook import MlflowHook, flatten
 from tests.conftest import tiny_pipeline
 
 

@@ -19,7 +19,7 @@ from gfcr.ui import UiServer, serve
 from gfcr.ui.context import UiError
 from gfcr.ui.params import rollout_query
 from store import RolloutStore
-from store.browse import BrowseReads
+from store.browse import LakeBrowseReads
 from tests.resources import old_store
 from tests.resources.runs import synthetic_run
 
@@ -140,7 +140,7 @@ def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
 def _evaluated(store: RolloutStore, label: str, step: int, correct: list[bool]) -> None:
     import pyarrow as pa
 
-    from gfcr.core.evaluations import COMPLETION_SCHEMA
+    from gfcr.evaluation.columns import COMPLETION_SCHEMA
 
     n = len(correct)
     completions = pa.table({
@@ -185,7 +185,7 @@ def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path
     store = RolloutStore.open(tmp_path / "store")
     try:
         synthetic_run(store, "text", [{"reward_mean": 0.5}] * 6)  # 6 steps of 32, every prompt "1 + 1 ="
-        browse = BrowseReads(store)
+        browse = LakeBrowseReads(store)
         for query in (RolloutQuery(q="1 + 1"), RolloutQuery(q="1 + 1", offset=50),
                       RolloutQuery(q="1 + 1", reward_min=1.0)):
             exact = browse.page("text", query, 20, cap=None)

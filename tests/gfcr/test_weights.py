@@ -1,4 +1,4 @@
-"""Weights by version (gfcr.runner.weights): atomic publication, loading in place, pruning."""
+"""Weights by version (gfcr.weights.versions): atomic publication, loading in place, pruning."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.runner.inprocess import InProcessHandle
-from gfcr.runner.weights import MANIFEST, MissingVersion, WeightStore, directory
+from gfcr.weights.versions import MANIFEST, MissingVersion, WeightStore, directory
 from stages.engines.torch_io import TORCH_IO
 
 
@@ -97,7 +97,7 @@ def test_a_resumed_run_publishing_an_older_version_keeps_it(tmp_path):
 def test_the_file_sync_writes_each_version_once_in_the_engine_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from gfcr.runner.weights import FileSync
+    from gfcr.weights.versions import FileSync
 
     store = WeightStore(tmp_path / "w", TORCH_IO)
     sync = FileSync(store, "run-1", dtype="bfloat16")
@@ -117,10 +117,10 @@ def test_the_file_sync_writes_each_version_once_in_the_engine_dtype(tmp_path):
 
 
 def test_a_published_version_is_checked_by_hash_and_folder_before_a_server_loads_it(tmp_path):
-    """gfcr.runner.published (issue 30): what a fleet server accepts to load. The
+    """gfcr.weights.published (issue 30): what a fleet server accepts to load. The
     manifest carries each file's SHA-256; a changed byte, a folder outside the root and a
     manifest naming a file outside its folder are refused naming what is wrong."""
-    from gfcr.runner.published import BadVersion, check
+    from gfcr.weights.published import BadVersion, check
 
     store = WeightStore(directory(tmp_path, "run-1"), TORCH_IO)
     found = store.publish(_handle(_model(1)), 3, "run-1")

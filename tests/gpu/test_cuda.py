@@ -33,7 +33,7 @@ def _on_cuda(module: torch.nn.Module) -> bool:
 
 
 def test_hf_engine_generates_on_cuda_with_the_trainers_logprobs():
-    from stages.engines.hf import batch_token_logprobs
+    from stages.engines.hf_sampling import batch_token_logprobs
 
     policy = TINY.build(seed=0)
     engine = HF(device="cuda").build(policy, seed=0)

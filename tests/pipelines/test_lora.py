@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from gfcr.launch.placement import Placement
 from gfcr import execute
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from stages import GRPO, SFT, GroupSample, UniformSampler, Verify
 from stages.train.lora import LoraSpec
 from store import RolloutStore
@@ -98,8 +98,8 @@ def test_a_lora_run_exports_merged_or_as_a_peft_adapter(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from gfcr.runner.export import export_run
-    from gfcr.runner.resume import stored_pipeline
+    from gfcr.checkpoints.export import export_run
+    from gfcr.checkpoints.resume import stored_pipeline
     from stages import lora as peft_lora
 
     root, _ = uninterrupted

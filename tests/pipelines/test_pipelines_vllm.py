@@ -20,7 +20,7 @@ from gfcr.launch.run import execute
 from tests.pipelines import golden
 from tests.pipelines.test_pipelines import HEADLINES, NEEDS_SOURCE, _shrunk
 from gfcr.core.engine import GenRequest, SamplingParams
-from stages.engines.hf import token_logprobs
+from stages.engines.hf_sampling import token_logprobs
 from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
 
 

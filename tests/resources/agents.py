@@ -17,7 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.core.engine import GenOutput, GenRequest, Policy, SamplingParams, SegmentHook
+from gfcr.core.engine import GenOutput, GenRequest, SamplingParams, SegmentHook
+from gfcr.core.policy import Policy
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
 
 CALCULATOR = [{"type": "function", "function": {

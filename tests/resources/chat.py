@@ -58,7 +58,7 @@ def chat_policy(seed: int = 0) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gfcr.core.engine import Policy
+    from gfcr.core.policy import Policy
     from stages.engines.torch_io import TORCH_IO
 
     hf = bpe_tokenizer()

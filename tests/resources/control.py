@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.core.engine import Policy
+from gfcr.core.policy import Policy
 from gfcr.core.pipeline import Pipeline
 from gfcr.launch.run import MemoryStash
 from gfcr.runner.inprocess import local_services
@@ -15,7 +15,7 @@ from gfcr.runner.loop import Runtime
 from gfcr.runner.runtime import Record
 from stages import (GRPO, ActivePartialRollouts, GroupSample, RecyclePartials, UniformSampler,
                     Verify)
-from store import History
+from store import LakeHistory
 from tests.conftest import tiny_pipeline
 from tests.resources.digits import Digits
 
@@ -49,8 +49,8 @@ def runtime(pipeline: Pipeline, store: Any, run_id: str, policy: Policy | None =
     store.start_run(run_id, pipeline=pipeline.name, spec_yaml=pipeline.to_yaml(),
                     spec_hash=pipeline.spec_hash(), code_version="test")
 
-    def history(step: int) -> History:
-        return History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+    def history(step: int) -> LakeHistory:
+        return LakeHistory(store, run_id, as_of_step=step - 1) if step else LakeHistory(store, run_id)
     return Runtime(pipeline=pipeline, task=pipeline.task,
                    services=local_services(engine, policy, learner), stash=MemoryStash(),
                    record=Record(commit=store.commit_step, history_at=history))

@@ -1,5 +1,5 @@
 """Hand-built run histories for the replay tests: rows committed to a temp store and read
-back through History as the loop reads them; a task whose prompts are given texts."""
+back through LakeHistory as the loop reads them; a task whose prompts are given texts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
 from gfcr.core.stage import StepContext
-from store import History
+from store import LakeHistory
 from tests.store.conftest import make_rollouts
 
 
@@ -51,7 +51,7 @@ def commit(store: Any, steps: list[pa.Table], *, run_id: str = "r") -> None:
 
 def context(store: Any, pool: Pool, step: int, *, run_id: str = "r", seed: int = 0) -> StepContext:
     """The context the loop builds at ``step``: history as of the step before."""
-    history = History(store, run_id, as_of_step=step - 1) if step else History(store, run_id)
+    history = LakeHistory(store, run_id, as_of_step=step - 1) if step else LakeHistory(store, run_id)
     return StepContext(run_id=run_id, step=step, seed=seed, policy_version=step, task=pool,
                        history=history)
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from store import ReadOnlyError, RolloutStore, StoreError
-from store.history import History
+from store.history import LakeHistory
 from store.maintenance import compact, export
 
 from .conftest import QA, commit_history, make_rollouts
@@ -48,12 +48,12 @@ def test_compact_merges_files_and_keeps_time_travel(store, tmp_path):
         rows = 4 if step == 2 else 30  # step 2 is inlined in the catalog
         store.commit_step("r", step, make_rollouts(rows, run_id="r", step=step, prompt_id=[QA] * rows),
                           policy_version=step, metrics={})
-    pinned = History(store, run_id="r", as_of_step=3).prompt_stats()
+    pinned = LakeHistory(store, run_id="r", as_of_step=3).prompt_stats()
     everything = store.sql("SELECT * FROM rollouts ORDER BY rollout_id")
     result = compact(store)
     assert result.files_after < result.files_before
     assert store.sql("SELECT * FROM rollouts ORDER BY rollout_id").equals(everything)
-    assert History(store, run_id="r", as_of_step=3).prompt_stats().equals(pinned)
+    assert LakeHistory(store, run_id="r", as_of_step=3).prompt_stats().equals(pinned)
     store.commit_step("r", 6, make_rollouts(30, run_id="r", step=6), policy_version=6, metrics={})
     assert store.last_step("r") == 6
     with RolloutStore.open(store.uri, read_only=True) as reader:

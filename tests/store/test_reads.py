@@ -1,4 +1,4 @@
-"""The store's named run reads (store.reads.RunReads, gfcr.core.storage.RunReads): each read
+"""The store's named run reads (store.reads.LakeRunReads, gfcr.core.storage.RunReads): each read
 and each per-run view on a small store whose figures are worked out by hand here."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gfcr.core import storage
-from store.reads import RunReads
+from store.reads import LakeRunReads
 from store.run_views import RUN_VIEWS
 
 from .conftest import commit_history, make_rollouts
@@ -24,11 +24,11 @@ def reads(store):
                       score_error=[None, None, "Timeout after 'abc' s", "Wrong: '7' is not '8'"])
     store.commit_step("e", 0, e, policy_version=0, metrics={"heldout_accuracy": 0.25})
     store.finish_run("e", "failed", error="boom")
-    return RunReads(store)
+    return LakeRunReads(store)
 
 
 def test_the_backend_serves_the_reads(store):
-    assert isinstance(storage.backend().reads(store), RunReads)
+    assert isinstance(storage.backend().reads(store), LakeRunReads)
 
 
 def test_runs_run_and_latest(reads):

@@ -1,4 +1,4 @@
-"""History.rows: each RowFilter field selects what its docstring says (checked against a
+"""LakeHistory.rows: each RowFilter field selects what its docstring says (checked against a
 plain-Python reading of every row), values are bound, not spliced into the SQL, and the
 projection, order, limit and time travel hold."""
 
@@ -12,7 +12,7 @@ import pytest
 from gfcr.core.rollout import col
 from gfcr.core.row_filter import ATTEMPTS, RowFilter
 from store import _rows
-from store.history import History
+from store.history import LakeHistory
 
 from .conftest import QA, QB, commit_history, make_rollouts
 
@@ -65,21 +65,21 @@ def _ids(table: pa.Table) -> list[str]:
 @pytest.mark.parametrize("flt, keep", CASES, ids=[repr(c[0].model_dump(exclude_defaults=True))
                                                   for c in CASES])
 def test_each_field_selects_the_rows_it_names(filled, flt, keep):
-    every = History(filled).rows().to_pylist()
+    every = LakeHistory(filled).rows().to_pylist()
     assert len(every) == 17
     want = sorted(r[col.ROLLOUT_ID] for r in every if keep(r))
     assert want, "each case selects some rows"
-    assert _ids(History(filled).rows(flt)) == want
+    assert _ids(LakeHistory(filled).rows(flt)) == want
 
 
 def test_the_history_run_scopes_rows_unless_the_filter_names_runs(filled):
-    mine = History(filled, run_id="r")
+    mine = LakeHistory(filled, run_id="r")
     assert set(mine.rows().column(col.RUN_ID).to_pylist()) == {"r"}
     assert set(mine.rows(RowFilter(run_ids=("o'x",))).column(col.RUN_ID).to_pylist()) == {"o'x"}
 
 
 def test_projection_order_and_limit(filled):
-    h = History(filled, run_id="r")
+    h = LakeHistory(filled, run_id="r")
     out = h.rows(ATTEMPTS, columns=[col.STEP, col.ROLLOUT_ID],
                  order_by=((col.STEP, "descending"), (col.ROLLOUT_ID, "ascending")), limit=3)
     assert out.column_names == [col.STEP, col.ROLLOUT_ID]
@@ -89,13 +89,13 @@ def test_projection_order_and_limit(filled):
 
 
 def test_rows_as_of_a_step_see_that_snapshot(filled):
-    at0 = History(filled, run_id="r", as_of_step=0)
+    at0 = LakeHistory(filled, run_id="r", as_of_step=0)
     assert set(at0.rows().column(col.STEP).to_pylist()) == {0}
-    assert History(filled, run_id="r").rows(RowFilter(step_max=0)).equals(at0.rows())
+    assert LakeHistory(filled, run_id="r").rows(RowFilter(step_max=0)).equals(at0.rows())
 
 
 def test_bad_reads_name_what_is_wrong(filled):
-    h = History(filled)
+    h = LakeHistory(filled)
     with pytest.raises(ValueError, match=r"no column\(s\) \['nope'\]"):
         h.rows(columns=[col.STEP, "nope"])
     with pytest.raises(ValueError, match=r"no column\(s\) \['nope'\]"):

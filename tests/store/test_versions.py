@@ -18,7 +18,7 @@ import pytest
 
 from gfcr.core.rollout import col, single_turns
 from store import RolloutStore, StoreError
-from store.reads import RunReads
+from store.reads import LakeRunReads
 from store._versions import MIGRATIONS, SCHEMA_VERSION
 from tests.resources import old_store
 
@@ -106,15 +106,15 @@ def test_version_4_stores_the_turns_the_old_store_read_with_and_changes_nothing_
 
 
 def test_a_resumed_run_reads_its_steps_from_before_the_migration_as_today_s(tmp_path: Path) -> None:
-    """History pinned to a step committed under version 1 (before the store was migrated,
+    """LakeHistory pinned to a step committed under version 1 (before the store was migrated,
     as a resumed run reads it) reads today's rows: turns present, as stored since."""
     from gfcr.core.row_filter import RowFilter
-    from store.history import History
+    from store.history import LakeHistory
 
     folder = shutil.copytree(old_store.FIXTURE / "store", tmp_path / "v1")
     with RolloutStore.open(folder) as s:
         live = s.sql("SELECT rollout_id, turns FROM rollouts WHERE step = 1 ORDER BY rollout_id")
-        pinned = History(s, run_id=old_store.RUN_ID, as_of_step=1)
+        pinned = LakeHistory(s, run_id=old_store.RUN_ID, as_of_step=1)
         rows = pinned.rows(RowFilter(step_min=1), columns=["rollout_id", col.TURNS],
                            order_by=(("rollout_id", "ascending"),))
         assert pinned.group_stats(step=1).num_rows == 2
@@ -201,7 +201,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
     and evaluations with completions are written beside it."""
     import pyarrow as pa
 
-    from gfcr.core.evaluations import COMPLETION_SCHEMA
+    from gfcr.evaluation.columns import COMPLETION_SCHEMA
     from store._versions import _EVAL_COLUMNS
 
     folder = tmp_path / "v2"
@@ -214,7 +214,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
             con.execute("DELETE FROM lake.schema_versions WHERE version >= 3")])
     with RolloutStore.open(folder, read_only=True) as s:
         assert _versions(s) == [2]
-        assert RunReads(s).evaluations("r").to_pylist() == [
+        assert LakeRunReads(s).evaluations("r").to_pylist() == [
             {"step": 0, "accuracy": 0.25, "label": "step=0"}]
     done = pa.Table.from_pylist([
         {"prompt_id": "p", "sample": 0, "temperature": 0.0, "prompt": "1+1=", "answer": "2",
@@ -229,7 +229,7 @@ def test_a_version_2_store_reads_its_evaluations_and_gains_the_new_ones(tmp_path
         rows = s.sql("SELECT label, eval_set, pass_at[4] AS p4 "
                      "FROM evaluations ORDER BY step").to_pylist()
         stored = s.sql("SELECT eval_set, prompt_id, completion, correct FROM eval_completions")
-        held = RunReads(s).evaluations("r").to_pylist()
+        held = LakeRunReads(s).evaluations("r").to_pylist()
     assert rows == [{"label": "step=0", "eval_set": "heldout", "p4": None},
                     {"label": "step=1", "eval_set": "bench", "p4": 0.9}]
     assert stored.to_pylist() == [{"eval_set": "bench", "prompt_id": "p", "completion": "2",

@@ -9,7 +9,7 @@ requires, in order:
 2. that the call has not expired (its ``expires``, the sender's deadline for it) and was
    not run here before (a replay of a signed call is refused by the worker that ran it);
 3. that every reference to code by import path in its configs is on the worker's list
-   (:mod:`gfcr.core.refs`);
+   (:mod:`gfcr.config.refs`);
 4. that its files are where a run keeps them (:func:`staging`): the input and output
    directly inside ``ROOT/staging/RUN_ID/remote/`` (resolved, links refused), and that
    folder already there (the run makes it; a call that comes after its run ended and
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from gfcr.core import refs
+from gfcr.config import refs
 from gfcr.transport.remote.call import Refused
 from gfcr.transport.remote.keys import signed_by
 

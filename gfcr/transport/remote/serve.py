@@ -1,7 +1,7 @@
 """``gfcr engine-worker``'s process: check what it needs, say what it waits for, serve.
 
 Before serving, :func:`serve_pool` loads the pool's key (gfcr.transport.remote.keys), sets the list
-of code the worker resolves by import path (gfcr.core.refs), and checks that the Prefect API
+of code the worker resolves by import path (gfcr.config.refs), and checks that the Prefect API
 answers, saying at once which address it waits for and failing with that address after
 ``api_wait_s`` (a worker whose API is unreachable otherwise sat silent in Prefect's own
 retries)."""
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gfcr.core import refs
+from gfcr.config import refs
 from gfcr.transport.remote import guard, worker
 from gfcr.transport.remote.keys import load_key
 
@@ -39,7 +39,7 @@ def serve_pool(pool: str, *, name: str | None = None, limit: int = 1,
     from prefect.settings import PREFECT_API_URL
     from prefect.task_worker import serve
 
-    from gfcr.core.stage import load_plugins
+    from gfcr.core.registry import load_plugins
 
     url = PREFECT_API_URL.value()
     if not url:

@@ -146,7 +146,7 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
     """The call's stage and task, rebuilt from their configs once per (stage, task) and
     kept (a verifier's sandbox or compiled pattern is built once); Refused when this
     worker reads the configs differently from the run."""
-    from gfcr.core.stage import lookup
+    from gfcr.core.registry import lookup
 
     if call.spec_hash not in _SCORERS:
         stage = lookup("filter", call.stage["type"]).model_validate(call.stage)

@@ -13,7 +13,7 @@ import torch
 
 from gfcr.core.engine import (Engine, FnHook, GenOutput, GenRequest, Inflight, SamplingParams)
 from stages import HF
-from stages.engines.hf import token_logprobs
+from stages.engines.hf_sampling import token_logprobs
 from tests.resources.scripted import ScriptedEngine
 from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
 
@@ -249,7 +249,8 @@ def test_a_pipeline_needing_a_capability_its_engine_lacks_is_refused_naming_both
 
     from gfcr.core.loading import load
     from gfcr.core.pipeline import PipelineError
-    from gfcr.core.stage import Spec, register
+    from gfcr.core.stage import Spec
+    from gfcr.core.registry import register
 
     @register("engine")
     class OneShot(Spec):  # an engine that cannot segment, continue or teacher-force

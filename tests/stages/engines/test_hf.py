@@ -6,8 +6,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gfcr.core.engine import Engine, FnHook, GenRequest, Inflight, Policy, SamplingParams
-from stages.engines.hf import HF, HFEngine, batch_token_logprobs, token_logprobs
+from gfcr.core.engine import Engine, FnHook, GenRequest, Inflight, SamplingParams
+from gfcr.core.policy import Policy
+from stages.engines.hf import HF, HFEngine
+from stages.engines.hf_sampling import batch_token_logprobs, token_logprobs
 from stages.engines.tiny import CharTokenizer, TinyLlama
 
 PROMPTS = ["1+1=", "hello world, how are", "x", "The cat sat on the"]

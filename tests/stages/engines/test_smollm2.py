@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from gfcr.core.engine import GenRequest, SamplingParams, encode_prompt, stop_token_ids
 from stages.engines import smollm2
-from stages.engines.hf import HF, batch_token_logprobs
+from stages.engines.hf import HF
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.engines.tiny import HFTokenizer
 from store import RolloutStore
 

@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from gfcr.core.engine import Tokenizer
-from gfcr.core.stage import REGISTRY
+from gfcr.core.registry import REGISTRY
 from stages.engines.tiny import (ByteTokenizer, CharTokenizer, HFCheckpoint, HFTokenizer,
                                  TinyLlama)
 

@@ -12,7 +12,7 @@ import torch
 from gfcr.core.engine import GenRequest, SamplingParams
 from gfcr.runner.inprocess import LocalGenerator, LocalLearner
 from stages import GRPO
-from stages.engines.hf import batch_token_logprobs
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.train.lora import LoraSpec
 from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
 from tests.stages.train.conftest import rollouts

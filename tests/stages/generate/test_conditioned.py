@@ -34,7 +34,7 @@ class Task:
 
 
 class History:
-    """prompt_stats as store.History returns it, from (attempts, successes) per prompt."""
+    """prompt_stats as store.LakeHistory returns it, from (attempts, successes) per prompt."""
 
     def __init__(self, counts):
         self.counts = {prompt_id("t", p): c for p, c in counts.items()}

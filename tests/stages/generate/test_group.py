@@ -8,7 +8,8 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 
 from gfcr.core.rollout import col
-from gfcr.core.stage import StageSpec, register
+from gfcr.core.stage import StageSpec
+from gfcr.core.registry import register
 from gfcr.launch.run import execute
 from stages import GroupSample, UniformSampler, Verify
 from store import RolloutStore

@@ -14,9 +14,9 @@ from gfcr.core.engine import FnHook
 from gfcr.core.rollout import PROMPT_SCHEMA, col, prompt_id
 from gfcr.launch.run import execute
 from stages import HF, GRPO, ReasoningGym, TinyLlama, TreeRollout, UniformSampler, Verify
-from stages.engines.hf import token_logprobs
+from stages.engines.hf_sampling import token_logprobs
 from stages.generate.tree import BRANCH_POS, edit_ratio
-from store import History, RolloutStore
+from store import LakeHistory, RolloutStore
 from tests.conftest import SUMS, tiny_pipeline
 from tests.resources.rollouts import context
 from tests.resources.scripted import ScriptedEngine
@@ -134,7 +134,7 @@ def test_tree_rollouts_run_in_the_loop_with_lineage_in_the_store(tmp_path):
     with RolloutStore.open(tmp_path / "store", read_only=True) as s:
         t = s.sql(f"SELECT * FROM rollouts WHERE run_id = '{summary.run_id}'")
         child = t.filter(pc.is_valid(t[BRANCH_POS])).to_pylist()[0]
-        chain = History(s, run_id=summary.run_id).lineage(child[col.ROLLOUT_ID]).to_pylist()
+        chain = LakeHistory(s, run_id=summary.run_id).lineage(child[col.ROLLOUT_ID]).to_pylist()
     assert [c["rollout_id"] for c in chain][:2] == [child[col.ROLLOUT_ID], child[col.PARENT_ID]]
     complete = t.filter(pc.equal(t[col.STATUS], "complete"))
     assert complete.num_rows == 8 and pc.all(pc.is_valid(complete[col.REWARD])).as_py()

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from stages.engines.hf import token_logprobs
+from stages.engines.hf_sampling import token_logprobs
 from tests.resources.agents import Recording
 from tests.resources.verifiers import needs_verifiers
 from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec

@@ -5,7 +5,7 @@ import pyarrow as pa
 
 from gfcr.core.rollout import BRANCH, PROMPT_SCHEMA, stable_id
 from stages import FissionBranch, GroupSample
-from store import History, RolloutStore
+from store import LakeHistory, RolloutStore
 from tests.resources.agentic import PROMPT, committed_run, episodes, turn
 from tests.resources.rollouts import context
 
@@ -31,7 +31,7 @@ def _store(tmp_path):
 
 def test_a_failed_trajectory_is_branched_at_its_tool_error(tmp_path):
     with _store(tmp_path) as s:
-        ctx = context(step=1, history=History(s, "agent", as_of_step=0))
+        ctx = context(step=1, history=LakeHistory(s, "agent", as_of_step=0))
         plan = FissionBranch(n=3).select(ctx, PROMPT_SCHEMA.empty_table())
         later = FissionBranch(window=1).select(context(step=3, history=ctx.history),
                                                 PROMPT_SCHEMA.empty_table())
@@ -50,7 +50,7 @@ def test_fresh_prompts_follow_the_branches_and_step_0_branches_nothing(tmp_path)
     fresh = pa.Table.from_pylist([{"prompt_id": "p", "task": "t", "prompt": "q",
                                    "answer": "1", "meta": None}], schema=PROMPT_SCHEMA)
     with _store(tmp_path) as s:
-        history = History(s, "agent", as_of_step=0)
+        history = LakeHistory(s, "agent", as_of_step=0)
         plan = FissionBranch().select(context(step=1, history=history), fresh)
         first = FissionBranch().select(context(step=0, history=history), fresh)
     assert plan.column("prompt_id").to_pylist()[1] == "p" and plan.column(BRANCH)[1].as_py() is None

@@ -14,7 +14,7 @@ from gfcr.launch.run import execute
 from stages import RecyclePartials
 from stages.generate.rows import RECYCLE
 from stages.replay.recycle import pending_partials, recycle_counts, recycled_plan
-from store import History, RolloutStore
+from store import LakeHistory, RolloutStore
 from tests.resources import control
 from tests.resources.control import april_pipeline
 from tests.resources.digits import Digits
@@ -73,7 +73,7 @@ def _check_continuation(row, parent):
 def test_recycled_groups_come_first_in_the_plan(tmp_path):
     summary = execute(april_pipeline(steps=2), root=tmp_path, executor="local")
     with RolloutStore.open(tmp_path / "store", read_only=True) as s:
-        history = History(s, summary.run_id, as_of_step=1)
+        history = LakeHistory(s, summary.run_id, as_of_step=1)
         pending = pending_partials(history, summary.run_id)
         ctx = StepContext(run_id=summary.run_id, step=2, seed=0, policy_version=2,
                           task=Digits(), history=history)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from gfcr.launch.run import execute
-from gfcr.runner.tracking import MlflowHook
+from gfcr.tracking.mlflow_hook import MlflowHook
 from stages import GRPO, DynamicSampling, GroupSample, RolloutReplay, UniformSampler, Verify
 from store import RolloutStore
 from tests.conftest import tiny_pipeline

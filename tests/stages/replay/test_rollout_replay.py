@@ -10,7 +10,7 @@ import pytest
 from gfcr.core.rollout import col
 from gfcr.runner.metrics import rollout_metrics
 from stages import RolloutReplay
-from store import History
+from store import LakeHistory
 from tests.resources.replay import Pool, attempts, commit, context
 
 MIX = [1.0, 0.0, 1.0, 0.0]
@@ -82,7 +82,7 @@ def test_max_replays_and_lineage_through_the_store(store):
     assert set(again.column(col.PROMPT).to_pylist()) == {"new4"}
     assert not first & set(again.column(col.PARENT_ID).to_pylist())
     child = step4.filter(pc.equal(step4.column(col.PROMPT), "a3")).column(col.ROLLOUT_ID)[0].as_py()
-    chain = History(store).lineage(child).to_pylist()
+    chain = LakeHistory(store).lineage(child).to_pylist()
     assert [(c["depth"], c["replay_count"], c["step"]) for c in chain] == [(0, 1, 4), (1, 0, 3)]
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from stages.engines.hf import batch_token_logprobs
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.engines.tiny import TinyLlama
 
 TINY = TinyLlama(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, tokenizer="char")

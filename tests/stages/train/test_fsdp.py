@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from gfcr.core.pipeline import Checkpointing, LearnerPlacement, PipelineError
 from gfcr.core.stage import StepContext
 from gfcr.launch.run import execute
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from gfcr.transport.sharded import Setup, ShardedLearner, ShardedLearnerError
 from stages import GroupSample, UniformSampler, Verify
 from stages.train.grpo import GRPO

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from stages.engines.hf import batch_token_logprobs
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.engines.tiny import TinyLlama
 from stages.train.grpo import GRPO, sequence_logprobs
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gfcr.runner import checkpoint
+from gfcr.checkpoints import checkpoint
 from gfcr.runner.inprocess import LocalGenerator, LocalLearner
-from gfcr.runner.weights import FileSync, WeightStore
+from gfcr.weights.versions import FileSync, WeightStore
 from stages import GRPO, HF
-from stages.engines.hf import batch_token_logprobs
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.engines.torch_io import TORCH_IO
 from stages.train.lora import AdapterHandle, LoraSpec
 from tests.stages.train.conftest import TINY, rollouts

@@ -12,7 +12,7 @@ import torch
 
 from gfcr.core.rollout import col
 from stages import GRPO, TinyLlama
-from stages.engines.hf import batch_token_logprobs
+from stages.engines.hf_sampling import batch_token_logprobs
 from stages.logprobs import completion_logits, completion_scores, gather_logprobs
 from stages.train.loss import token_entropy
 

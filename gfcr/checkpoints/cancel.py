@@ -6,7 +6,7 @@ SIGTERM to its process), or a watcher that sees the flow run cancelled in the Pr
 API (:mod:`gfcr.launch.flow`). The loop looks at it between steps: the step under way finishes,
 its commit finishes, a checkpoint of the last whole step is written, the store records
 the run ``cancelled`` and the run raises :class:`RunCancelled`. ``--resume`` continues it
-with no step missing or stored twice (:mod:`gfcr.runner.resume`).
+with no step missing or stored twice (:mod:`gfcr.checkpoints.resume`).
 
 A second Ctrl-C or SIGTERM stops at once (KeyboardInterrupt): the commit in flight still
 finishes (the body waits for it), so at most the step under way is lost, and a resume

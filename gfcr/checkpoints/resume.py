@@ -2,7 +2,7 @@
 
 Running a pipeline under the id of a run the store already holds continues that run; it
 never restarts it. The run goes on from its newest complete checkpoint (see
-:mod:`gfcr.runner.checkpoint`): weights, learner and RNG states come from there, so the warm
+:mod:`gfcr.checkpoints.checkpoint`): weights, learner and RNG states come from there, so the warm
 start is skipped, and the loop continues at the step after it.
 
 **Loses no data, duplicates nothing.** The store is the record of what a run did; a
@@ -55,7 +55,7 @@ import yaml
 from gfcr.core.pipeline import Pipeline
 from gfcr.core.rollout import col
 from gfcr.core.row_filter import RowFilter
-from gfcr.core.storage import backend
+from gfcr.core.storage import RunStore, backend
 
 MAY_CHANGE = ("steps", "checkpoint", "learner")
 """Top-level spec fields a resumed run may change."""
@@ -79,12 +79,12 @@ def identity(spec: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def stored_run(store: Any, run_id: str) -> dict[str, Any] | None:
+def stored_run(store: RunStore, run_id: str) -> dict[str, Any] | None:
     """The ``runs`` row of ``run_id`` (spec_yaml, spec_hash, status, ...), or None."""
     return backend().reads(store).run(run_id)
 
 
-def stored_pipeline(store: Any, run_id: str) -> Pipeline:
+def stored_pipeline(store: RunStore, run_id: str) -> Pipeline:
     """The pipeline run ``run_id`` was started with, rebuilt from its stored YAML."""
     row = stored_run(store, run_id)
     if row is None:
@@ -121,7 +121,7 @@ def _filled(spec: dict[str, Any]) -> dict[str, Any]:
         return spec
 
 
-def check(store: Any, run_id: str, pipeline: Pipeline) -> bool:
+def check(store: RunStore, run_id: str, pipeline: Pipeline) -> bool:
     """Whether ``run_id`` is an existing run that ``pipeline`` continues (True) or a new
     run (False). Raises :class:`ResumeError` when ``pipeline`` may not continue it; reads
     only, so a refused resume leaves the store as it was."""
@@ -147,7 +147,7 @@ def check(store: Any, run_id: str, pipeline: Pipeline) -> bool:
 
 def _differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``field: old -> new`` for each flattened field (outside MAY_CHANGE) that differs."""
-    from gfcr.runner.tracking import flatten
+    from gfcr.tracking.mlflow_hook import flatten
 
     old = flatten({k: v for k, v in stored.items() if k not in MAY_CHANGE})
     new = flatten({k: v for k, v in current.items() if k not in MAY_CHANGE})
@@ -155,7 +155,7 @@ def _differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
             for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
 
 
-def stored_batch(store: Any, run_id: str, step: int, replayed: pa.Table
+def stored_batch(store: RunStore, run_id: str, step: int, replayed: pa.Table
                  ) -> tuple[pa.Table, dict[str, float]]:
     """The batch a replayed ``step`` trains on: the rows the store holds for it, in the
     regenerated table's columns (and its row order when it regenerated the same ids),

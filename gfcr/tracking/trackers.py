@@ -1,8 +1,8 @@
-"""Weights & Biases and TensorBoard as run hooks, beside MLflow (gfcr.runner.tracking), and
+"""Weights & Biases and TensorBoard as run hooks, beside MLflow (gfcr.tracking.mlflow_hook), and
 :func:`trackers` that builds the ones a run names (``gfcr run --tracker ...``).
 
 Each gets what MLflow gets: the per-step metrics (replayed steps of a resumed run are not
-logged again), the evaluations under the names of :func:`gfcr.runner.tracking.eval_metrics`,
+logged again), the evaluations under the names of :func:`gfcr.tracking.mlflow_hook.eval_metrics`,
 the pipeline spec (W&B: the run's config, flattened as MLflow's params, and
 ``pipeline.yaml`` saved with the run; TensorBoard: the YAML as the text ``pipeline``) and
 the summary at the end. Both are optional extras (``pip install 'gfcr[wandb]'``,
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.core.pipeline import Pipeline
-from gfcr.runner.tracking import MlflowHook, eval_metrics, flatten
+from gfcr.tracking.mlflow_hook import MlflowHook, Summary, eval_metrics, flatten
 
 TRACKERS = ("mlflow", "wandb", "tensorboard")
 """The trackers ``--tracker`` may name."""
@@ -33,10 +33,11 @@ _NEEDS = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboa
 """tracker -> (module it imports, the gfcr extra that installs it)."""
 
 
-def trackers(names: tuple[str, ...], *, mlflow_uri: str | None = None) -> list[Any]:
+def trackers(names: tuple[str, ...], *, mlflow_uri: str | None = None
+             ) -> list[object]:
     """The hooks of ``names`` (each once, in the order given); ValueError naming a
     tracker that is unknown or whose package is not installed."""
-    hooks: list[Any] = []
+    hooks: list[object] = []
     for name in dict.fromkeys(names):
         if name not in TRACKERS:
             raise ValueError(f"tracker {name!r} is not one of {', '.join(TRACKERS)}")
@@ -59,7 +60,7 @@ class WandbHook:
     def __init__(self) -> None:
         self._run: Any = None
 
-    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: Any) -> None:
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: object) -> None:
         import wandb
 
         folder = Path(root) / "wandb"
@@ -76,18 +77,18 @@ class WandbHook:
         self._run.save(str(spec), base_path=str(folder), policy="now")
 
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool = False,
-                **_: Any) -> None:
+                **_: object) -> None:
         if self._run is not None and not replayed:
             self._run.log({**_finite(metrics), "step": step})
 
     def on_eval(self, *, step: int, accuracy: float, label: str = "",
                 eval_set: str = "heldout", metrics: dict[str, float] | None = None,
-                **_: Any) -> None:
+                **_: object) -> None:
         if self._run is not None:
             figures = _finite(eval_metrics(accuracy, label, eval_set, metrics))
             self._run.log({**figures, "step": step})
 
-    def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
+    def on_end(self, *, summary: Summary | None, status: str, **_: object) -> None:
         if self._run is None:
             return
         if summary is not None:
@@ -103,7 +104,7 @@ class TensorBoardHook:
     def __init__(self) -> None:
         self._writer: Any = None
 
-    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: Any) -> None:
+    def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, **_: object) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir=str(Path(root) / "tensorboard" / run_id))
@@ -111,21 +112,21 @@ class TensorBoardHook:
         self._writer.add_text("spec_hash", pipeline.spec_hash())
 
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool = False,
-                **_: Any) -> None:
+                **_: object) -> None:
         if self._writer is not None and not replayed:
             for name, value in _finite(metrics).items():
                 self._writer.add_scalar(name, value, global_step=step)
 
     def on_eval(self, *, step: int, accuracy: float, label: str = "",
                 eval_set: str = "heldout", metrics: dict[str, float] | None = None,
-                **_: Any) -> None:
+                **_: object) -> None:
         if self._writer is not None:
             for name, value in _finite(eval_metrics(accuracy, label, eval_set,
                                                     metrics)).items():
                 self._writer.add_scalar(name, value, global_step=step)
             self._writer.flush()
 
-    def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
+    def on_end(self, *, summary: Summary | None, status: str, **_: object) -> None:
         if self._writer is None:
             return
         if summary is not None:

@@ -1,6 +1,6 @@
 """A published weights version checked before anyone loads it (issue 30): the folder is a
 version folder under an allowed root, its manifest names plain files of its own folder,
-and each file's bytes match the SHA-256 the publisher wrote (gfcr.runner.weights).
+and each file's bytes match the SHA-256 the publisher wrote (gfcr.weights.versions).
 
 A fleet server (gfcr.transport.fleet_extension, behind gfcr.transport.fleet_gate) loads
 only what :func:`check` accepts, so a request naming another folder (``/etc``, another
@@ -65,7 +65,7 @@ def check(folder: str | Path, root: str | Path) -> Checked:
     match = VERSION_FOLDER.fullmatch(real.name)
     if match is None:
         raise BadVersion(f"weights folder {str(folder)!r} is not a published version "
-                         f"(vNNNNNN, gfcr.runner.weights)")
+                         f"(vNNNNNN, gfcr.weights.versions)")
     info = _manifest(real)
     files, hashes = info.get("files"), info.get("sha256")
     if not isinstance(files, list) or not files or not isinstance(hashes, dict):

@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 
 from gfcr.core.engine import Decision, Engine, GenRequest, Inflight, SamplingParams, encode_prompt
-from gfcr.core.evaluations import COMPLETION_SCHEMA
-from gfcr.core.problems import tally
+from gfcr.evaluation.columns import COMPLETION_SCHEMA
+from gfcr.config.problems import tally
 from gfcr.core.rollout import col
 from gfcr.core.settings import Sampled
+from gfcr.core.stage import Task
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: called as work advances (a progress bar, a log line)."""
@@ -58,7 +59,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
+def evaluate(task: Task, engine: Engine, prompts: pa.Table, *, max_tokens: int,
              stop: tuple[str, ...] = (), progress: Progress | None = None,
              sampled: Sampled | None = None, seed: int = 0) -> dict[str, Any]:
     """Greedy accuracy on ``prompts`` and, with ``sampled``, mean reward and pass@k at its
@@ -67,7 +68,7 @@ def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
     Returns ``accuracy``, ``n`` (prompts), ``errors`` (the scorer's distinct errors, each
     once with its count: ``(message, count)``), ``mean_reward`` and ``pass_at`` (``{k:
     value}``; None and ``{}`` without ``sampled``) and ``completions``: one row per
-    prompt and sample (``gfcr.core.evaluations.COMPLETION_SCHEMA``; greedy rows have temperature 0, sample 0)."""
+    prompt and sample (``gfcr.evaluation.columns.COMPLETION_SCHEMA``; greedy rows have temperature 0, sample 0)."""
     rows = prompts.to_pylist()
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop,
                             segment_tokens=max_tokens)
@@ -96,7 +97,7 @@ def evaluate(task: Any, engine: Engine, prompts: pa.Table, *, max_tokens: int,
     return out
 
 
-def _generate(task: Any, engine: Engine, rows: list[dict[str, Any]], params: SamplingParams,
+def _generate(task: Task, engine: Engine, rows: list[dict[str, Any]], params: SamplingParams,
               samples: int, hook: WaveCounter | None) -> list[dict[str, Any]]:
     """``samples`` completions of each row under ``params``, scored; COMPLETION_SCHEMA rows."""
     requests = [GenRequest(key=i * samples + j, prompt_ids=encode_prompt(engine, r[col.PROMPT]))

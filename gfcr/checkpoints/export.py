@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.core.capabilities import ExportsModel
-from gfcr.runner import checkpoint
-from gfcr.runner.resume import stored_pipeline
+from gfcr.core.storage import RunStore
+from gfcr.checkpoints import checkpoint
+from gfcr.checkpoints.resume import stored_pipeline
 
 
 class ExportError(ValueError):
     """A run cannot be exported: names the run, the step or the policy."""
 
 
-def export_run(store: Any, root: Path, run_id: str, out: Path, *, step: int | None = None,
+def export_run(store: RunStore, root: Path, run_id: str, out: Path, *, step: int | None = None,
                lora: str = "merged") -> tuple[int, list[str]]:
     """Write run ``run_id``'s policy after ``step`` (None: its newest checkpoint) to
     ``out``; returns the step and the files written."""
@@ -63,10 +64,10 @@ class ExportHook:
         self.out, self.lora = Path(out), lora
         self._where: tuple[Any, Path, str] | None = None
 
-    def on_start(self, *, run_id: str, root: Path, store: Any = None, **_: Any) -> None:
+    def on_start(self, *, run_id: str, root: Path, store: Any = None, **_: object) -> None:
         self._where = (store, Path(root), run_id)
 
-    def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
+    def on_end(self, *, summary: object, status: str, **_: object) -> None:
         if status != "finished" or self._where is None:
             return
         store, root, run_id = self._where

@@ -1,5 +1,5 @@
 """The columns of an evaluated completion, declared once: the runner writes them
-(gfcr.runner.evaluation), the store keeps them in ``eval_completions`` (store/README.md)
+(gfcr.evaluation.heldout), the store keeps them in ``eval_completions`` (store/README.md)
 and readers (the report, a UI, a user's SQL) read them."""
 
 from __future__ import annotations

@@ -30,9 +30,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Protocol
 
 from gfcr.core.pipeline import Pipeline
+from gfcr.core.storage import RunStore
 
 
 def default_uri(root: Path) -> str:
@@ -62,9 +63,18 @@ def first_use_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+class Summary(Protocol):
+    """What a tracker reads of a run's summary at its end (gfcr.launch.hooks.RunSummary)."""
+
+    mlflow: str | None
+    report: str | None
+
+    def as_dict(self) -> Mapping[str, object]: ...
+
+
+def flatten(data: object, prefix: str = "") -> dict[str, str]:
     """Nested spec -> {"stages.2.lr": "0.001", ...}; stages are keyed by their name."""
-    items: Iterable[tuple[Any, Any]]
+    items: Iterable[tuple[object, object]]
     if isinstance(data, dict):
         items = data.items()
     elif isinstance(data, list):
@@ -90,7 +100,7 @@ def eval_metrics(accuracy: float, label: str, eval_set: str,
     return {f"eval/{eval_set}/{name}{suffix}": value for name, value in figures.items()}
 
 
-def _item_key(index: int, value: Any) -> str:
+def _item_key(index: int, value: object) -> str:
     if isinstance(value, dict):
         return str(value.get("name") or value.get("type") or index)
     return str(index)
@@ -108,7 +118,7 @@ class MlflowHook:
         self._pending: list[Any] = []  # the last batch, being written
 
     def on_start(self, *, run_id: str, pipeline: Pipeline, root: Path, resumed: bool = False,
-                 store: Any = None, **_: Any) -> None:
+                 store: RunStore | None = None, **_: object) -> None:
         import mlflow
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
@@ -137,13 +147,13 @@ class MlflowHook:
         if resumed and store is not None:
             self._backfill(store, run_id)
 
-    def on_resume(self, *, step: int, **_: Any) -> None:
+    def on_resume(self, *, step: int, **_: object) -> None:
         import mlflow
 
         mlflow.log_metric("resumed_from_step", step, step=step + 1)
 
     def on_step(self, *, step: int, metrics: dict[str, float], replayed: bool = False,
-                **_: Any) -> None:
+                **_: object) -> None:
         from mlflow.entities import Metric
 
         if replayed:  # logged when the step first ran, or backfilled at the start
@@ -156,7 +166,7 @@ class MlflowHook:
 
     def on_eval(self, *, step: int, accuracy: float, label: str = "",
                 eval_set: str = "heldout", metrics: dict[str, float] | None = None,
-                **_: Any) -> None:
+                **_: object) -> None:
         import mlflow
 
         self._flush()
@@ -164,7 +174,7 @@ class MlflowHook:
                             eval_metrics(accuracy, label, eval_set, metrics).items()},
                            step=step)
 
-    def on_end(self, *, summary: Any, status: str, **_: Any) -> None:
+    def on_end(self, *, summary: Summary | None, status: str, **_: object) -> None:
         import mlflow
 
         if self._run is None:
@@ -182,7 +192,7 @@ class MlflowHook:
             mlflow.end_run(status=_END_STATUS.get(status, "FAILED"))
             self._run = None
 
-    def _backfill(self, store: Any, run_id: str) -> None:
+    def _backfill(self, store: RunStore, run_id: str) -> None:
         """Log the committed steps of ``run_id`` after the last one MLflow has (a killed
         process's unwritten batch), from their ``steps`` rows."""
         from mlflow.entities import Metric

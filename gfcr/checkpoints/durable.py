@@ -1,5 +1,5 @@
 """Durable writes: what checkpoints and weight versions flush before they are named
-whole (gfcr.runner.checkpoint, gfcr.runner.weights)."""
+whole (gfcr.checkpoints.checkpoint, gfcr.weights.versions)."""
 
 from __future__ import annotations
 

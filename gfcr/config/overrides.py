@@ -5,7 +5,7 @@ validated again.
 The path is a settable pipeline field (``steps``), a component (``engine=vllm``: that
 type with its defaults; ``engine.max_model_len=512``), a settings section
 (``evaluation``, ``checkpoint``, ``reward_range``, ``learner``) or a stage by name
-(``grpo.lr``), then nested fields; the value is YAML, read by :mod:`gfcr.core.yamlfile`'s
+(``grpo.lr``), then nested fields; the value is YAML, read by :mod:`gfcr.config.yamlfile`'s
 bounded loader. Every problem is collected, none raised, so a command line with several
 wrong assignments is answered once.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.core import yamlfile
+from gfcr.config import yamlfile
 
 
 def apply(data: dict[str, Any], assignment: str, problems: list[str], *,

@@ -17,7 +17,7 @@ time in proportion to the text, not to what the aliases expand to. The parser is
 where it is installed (it has its own nesting limit; the pure-Python one recurses).
 
 While :func:`lines` is active, :func:`where` tells the ``file:line`` of a value by its
-path (``("stages", 4, "lr")``), so that config errors name their line (gfcr.core.problems).
+path (``("stages", 4, "lr")``), so that config errors name their line (gfcr.config.problems).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ MAX_DIGITS = 64
 class YamlRefused(ValueError):
     """YAML that was not read; ``problem`` says why, the message adds where."""
 
-    def __init__(self, where: str, problem: str, mark: Any = None) -> None:
+    def __init__(self, where: str, problem: str, mark: yaml.Mark | None = None) -> None:
         self.problem = problem
         at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
         super().__init__(f"{at}: {problem}")
@@ -56,14 +56,14 @@ class YamlRefused(ValueError):
 class _Loader(_BaseLoader):
     """The safe loader, refusing a key given twice in one mapping."""
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[object, object]:
         if isinstance(node, yaml.MappingNode):
             _no_duplicates(self, node)
         return super().construct_mapping(node, deep=deep)
 
 
-def _no_duplicates(loader: Any, node: yaml.MappingNode) -> None:
-    seen: dict[Any, int] = {}
+def _no_duplicates(loader: _Loader, node: yaml.MappingNode) -> None:
+    seen: dict[object, int] = {}
     for key_node, _ in node.value:
         if key_node.tag == _MERGE:
             continue
@@ -180,15 +180,15 @@ def _measure(root: yaml.Node, where: str) -> None:
 
 # --------------------------------------------------------------------------- lines
 
-_LINES: ContextVar[tuple[str, dict[tuple[Any, ...], int]] | None] = ContextVar(
+_LINES: ContextVar[tuple[str, dict[tuple[object, ...], int]] | None] = ContextVar(
     "gfcr_yaml_lines", default=None)
 
 
-def load_with_lines(text: str, *, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
+def load_with_lines(text: str, *, where: str) -> tuple[Any, dict[tuple[object, ...], int]]:
     """:func:`load`, and the line of each mapping key and sequence item by its path."""
     data, node = _load(text, where)
-    out: dict[tuple[Any, ...], int] = {}
-    todo: list[tuple[tuple[Any, ...], Any]] = [((), node)]
+    out: dict[tuple[object, ...], int] = {}
+    todo: list[tuple[tuple[object, ...], yaml.Node | None]] = [((), node)]
     while todo:
         path, n = todo.pop()
         if isinstance(n, yaml.MappingNode):
@@ -204,7 +204,7 @@ def load_with_lines(text: str, *, where: str) -> tuple[Any, dict[tuple[Any, ...]
 
 
 @contextmanager
-def lines(where: str, table: dict[tuple[Any, ...], int]) -> Iterator[None]:
+def lines(where: str, table: dict[tuple[object, ...], int]) -> Iterator[None]:
     """Make :func:`where` answer from ``table`` (``load_with_lines``) of the file ``where``."""
     token = _LINES.set((where, table))
     try:
@@ -213,7 +213,7 @@ def lines(where: str, table: dict[tuple[Any, ...], int]) -> Iterator[None]:
         _LINES.reset(token)
 
 
-def where(path: tuple[Any, ...]) -> str | None:
+def where(path: tuple[object, ...]) -> str | None:
     """``file:line`` of the value at ``path`` (or of its nearest enclosing one) in the YAML
     being built, or None outside :func:`lines`."""
     active = _LINES.get()

@@ -60,7 +60,7 @@ def resolve(ref: str, what: str) -> Any:
         raise ValueError(f"cannot import {what} {ref!r}: {err}") from None
 
 
-def named_in(config: Any) -> list[str]:
+def named_in(config: object) -> list[str]:
     """The references a config (a model_dump) names in its reference fields."""
     found: list[str] = []
     if isinstance(config, dict):

@@ -20,7 +20,7 @@ A checkpoint is written into a hidden ``.tmp-*`` folder, each file flushed to di
 leaves a folder that readers skip (and the next save removes). After each save the newest
 ``keep`` complete checkpoints stay and older ones are deleted, so a crash during a save
 always leaves the previous one. The tensor files are written and read by the policy's
-framework (``Policy.io``, gfcr.core.engine.TensorIO; for torch: safetensors and
+framework (``Policy.io``, gfcr.core.policy.TensorIO; for torch: safetensors and
 ``torch.load(weights_only=True)``, stages.engines.torch_io), so this module needs no
 tensor library, and nothing in a checkpoint runs code when loaded.
 
@@ -28,7 +28,7 @@ The per-step randomness of stages does not depend on these RNG states (``StepCon
 is derived from the run seed, step, round and stage), and neither does the HF engine's
 sampling under a generate stage that passes a seed; they are saved for code that draws
 from the global generators or the engine's own one. How a run resumes from a checkpoint
-is in :mod:`gfcr.runner.resume`.
+is in :mod:`gfcr.checkpoints.resume`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ import pyarrow.ipc as ipc
 from pydantic import BaseModel, ConfigDict
 
 from gfcr.core.capabilities import EngineRng
-from gfcr.core.engine import TensorIO
-from gfcr.runner.durable import fsync
+from gfcr.core.policy import Policy, TensorIO
+from gfcr.core.services import Learner
+from gfcr.checkpoints.durable import fsync
 
 FORMAT = 1
 WEIGHTS, STATE, PROGRESS, MANIFEST, MARKER = (
@@ -97,11 +98,11 @@ def directory(root: Path, run_id: str) -> Path:
 # --------------------------------------------------------------------------- saving
 
 
-def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Any, learner: Any,
-         engine: Any, progress: dict[str, Any], keep: int,
+def save(where: Path, *, run_id: str, step: int, spec_hash: str, policy: Policy, learner: Learner,
+         engine: object, progress: dict[str, Any], keep: int,
          ahead: dict[int, pa.Table] | None = None) -> Checkpoint:
     """Write the state after ``step`` to ``where/step-<step>`` atomically, then keep the
-    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.core.engine.Policy` (its
+    newest ``keep`` complete checkpoints. ``policy`` is a :class:`gfcr.core.policy.Policy` (its
     tensor I/O); ``learner`` a :class:`gfcr.core.services.Learner`, which writes the weights;
     ``engine`` may have ``get_rng_state()``; ``ahead`` the batches generated ahead."""
     io = _io(policy)
@@ -159,7 +160,7 @@ def prune(where: Path, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _learner_state(learner: Any) -> dict[str, Any] | None:
+def _learner_state(learner: Learner) -> dict[str, Any] | None:
     """The learner's state dict without the policy weights it shares with
     ``model.safetensors`` (its ``"model"`` entry, when that is the policy's own tensors)."""
     found = learner.state_dict()
@@ -179,17 +180,17 @@ def _is_policy_weights(value: Any, own: Any) -> bool:
         value[k].data_ptr() == own[k].data_ptr() for k in own)
 
 
-def _io(policy: Any) -> TensorIO:
+def _io(policy: Policy) -> TensorIO:
     """The policy's checkpoint file I/O; a policy built without one cannot be saved."""
     io: TensorIO | None = policy.io
     if io is None:
-        raise CheckpointError("the policy has no tensor I/O (gfcr.core.engine.Policy.io), so it "
+        raise CheckpointError("the policy has no tensor I/O (gfcr.core.policy.Policy.io), so it "
                               "cannot be checkpointed; its policy component must set one "
                               "(stages.engines.torch_io.TORCH_IO for torch models)")
     return io
 
 
-def _rng_state(io: TensorIO, engine: Any) -> dict[str, Any]:
+def _rng_state(io: TensorIO, engine: object) -> dict[str, Any]:
     import random
 
     return {
@@ -228,7 +229,7 @@ def latest(where: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def restore(ckpt: Checkpoint, *, policy: Any, learner: Any, engine: Any) -> dict[str, Any]:
+def restore(ckpt: Checkpoint, *, policy: Policy, learner: Learner, engine: object) -> dict[str, Any]:
     """Load ``ckpt`` into the live objects (the learner's weights, its state and version,
     RNGs) and return its progress record. The generator loads the learner's weights
     after it (gfcr.launch.run)."""
@@ -254,7 +255,7 @@ def ahead(ckpt: Checkpoint) -> dict[int, pa.Table]:
     return found
 
 
-def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None) -> None:
+def _load_learner(ckpt: Checkpoint, learner: Learner, state: dict[str, Any] | None) -> None:
     trains = learner.state_dict() is not None
     if trains != (state is not None):
         has = "no learner state" if state is None else "a learner state"
@@ -267,7 +268,7 @@ def _load_learner(ckpt: Checkpoint, learner: Any, state: dict[str, Any] | None) 
     learner.load_state_dict(state)
 
 
-def _set_rng_state(io: TensorIO, rng: dict[str, Any], engine: Any) -> None:
+def _set_rng_state(io: TensorIO, rng: dict[str, Any], engine: object) -> None:
     import random
 
     io.set_rng_state(rng)

@@ -10,7 +10,7 @@ learner's ranks (gfcr.transport.sharded) in other processes or on other hosts.
                                 learner's: adapter_model.safetensors + adapter_config.json,
                                 the adapter alone in peft's format)
             manifest.json       run id, version, time, files and their SHA-256
-                                (gfcr.runner.published checks them): written last
+                                (gfcr.weights.published checks them): written last
         .tmp-v000004-...        a publication under way (never read)
 
 A version is written into a temporary folder, its manifest last, each file fsynced, then
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from gfcr.core.engine import TensorIO
-from gfcr.runner.durable import fsync
-from gfcr.runner.published import MANIFEST, VERSION_FOLDER as _NAME, digest
+from gfcr.core.policy import TensorIO
+from gfcr.checkpoints.durable import fsync
+from gfcr.weights.published import MANIFEST, VERSION_FOLDER as _NAME, digest
 
 WEIGHTS = "model.safetensors"
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from gfcr.core import yamlfile
+from gfcr.config import yamlfile
 
 
 @dataclass
@@ -77,9 +77,9 @@ def defer(model: BaseModel, data: dict[str, Any], err: ValidationError) -> bool:
     return True
 
 
-def format_errors(err: ValidationError, path: tuple[Any, ...] = ()) -> list[str]:
+def format_errors(err: ValidationError, path: tuple[object, ...] = ()) -> list[str]:
     """One line per pydantic error: ``field 'x': message (got value)``; in a YAML
-    pipeline being built (gfcr.core.yamlfile.lines), ``field 'x' at file:line: ...``, where
+    pipeline being built (gfcr.config.yamlfile.lines), ``field 'x' at file:line: ...``, where
     ``path`` is the validated value's own place in the file."""
     out = []
     for e in err.errors():
@@ -91,7 +91,7 @@ def format_errors(err: ValidationError, path: tuple[Any, ...] = ()) -> list[str]
     return out
 
 
-def _short(value: Any, limit: int = 200) -> str:
+def _short(value: object, limit: int = 200) -> str:
     """``repr(value)`` cut to ``limit`` characters, built without walking a huge value."""
     if isinstance(value, int) and abs(value) >= 10**15:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
