@@ -42,8 +42,9 @@ class VerifiersEnv(AgentEnv):
     """Episodes of a verifiers environment, scored by its rubric (module docstring)."""
 
     type: Literal["verifiers"] = "verifiers"  # type: ignore[assignment]
-    agent: str = AGENT
-    """Fixed: the episodes are the environment's (``module``), not a user's function."""
+    agent: Literal["stages.generate.verifiers_env:VerifiersEnv"] = AGENT  # type: ignore[assignment]
+    """Fixed (another value is refused): the episodes are the environment's
+    (``module``), not a user's function."""
     module: str
     """The environment: an installed taskset package or a module on the path."""
     args: dict[str, Any] = Field(default_factory=dict)
