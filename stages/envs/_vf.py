@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import math
+import os
 import sys
 import threading
 from typing import Any
@@ -143,6 +144,19 @@ def score_reply(task: Any, reply: str) -> float:
     return float(trace.reward)
 
 
+def children_path(current: str | None) -> str:
+    """``PYTHONPATH`` for the processes verifiers starts during a step: this process's
+    own import path (what ``sys.path`` holds beyond the interpreter's installation: the
+    project, a test's or a user's module folder) before ``current``. verifiers' subprocess
+    runtime starts an environment's MCP tool server as ``python -m MODULE`` in a cache
+    folder, and without it a module this process imported from its path is not found
+    there: the server never comes up and the episode runs out its time."""
+    base = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix})
+    own = [p for p in sys.path
+           if p and os.path.isdir(p) and not os.path.realpath(p).startswith(base)]
+    return os.pathsep.join(dict.fromkeys(own + ([current] if current else [])))
+
+
 class Runner:
     """An event loop on its own thread holding ``env.serving()`` for a step; gfcr's agent
     threads run episodes on it and wait."""
@@ -153,8 +167,11 @@ class Runner:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="gfcr-verifiers")
         self._serving: Any = None
+        self._path: str | None = None
 
     def __enter__(self) -> "Runner":
+        self._path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = children_path(self._path)
         self.thread.start()
         self._serving = self.env.serving()
         self.call(self._serving.__aenter__(), None)
@@ -166,6 +183,10 @@ class Runner:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10.0)
+            if self._path is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = self._path
 
     def call(self, coro: Any, timeout: float | None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
