@@ -106,7 +106,7 @@ def a2() -> dict[str, Any]:
 
 
 def _server() -> Any:
-    from gfcr.core.chat import chat_format
+    from gfcr.chat.formats import chat_format
     from stages.generate._episodes import Episode
     from stages.endpoint._openai_chat import OpenAIChat
     from stages.generate._waves import Waves
@@ -195,7 +195,7 @@ def a6() -> dict[str, Any]:
 
 
 def p2_p3() -> dict[str, Any]:
-    from gfcr.core.chat import PlainFormat, TemplateFormat
+    from gfcr.chat.formats import PlainFormat, TemplateFormat
     from gfcr.core.environment import Message
     from stages.engines.tiny import HFTokenizer
     from tests.resources.chat import bpe_tokenizer, chat_tokenizer

@@ -3,7 +3,7 @@
 pipeline's sums through gfcr's OpenAI-compatible endpoint over the policy, and what it
 returns is the reward, so there is no Verify stage.
 
-The tiny policy reads the plain chat format (gfcr.core.chat): the first turn is the question
+The tiny policy reads the plain chat format (gfcr.chat.formats): the first turn is the question
 text as single-turn pipelines show it, after the tools the agent declares (the warm start
 is the default's, on a policy with a longer context); the policy's tool calls, if any, are
 ``<tool_call>`` blocks (stages.endpoint._toolcalls). Run it from the repository root,

@@ -55,7 +55,7 @@ def types(table: str) -> dict[str, str]:
 
 def derived_turns(columns: Collection[str]) -> str:
     """SQL for a row's turns in its single-turn form, from the flat columns of a
-    ``rollouts`` table with ``columns``, as ``gfcr.core.rollout.single_turns`` derives it:
+    ``rollouts`` table with ``columns``, as ``gfcr.core.turncols.single_turns`` derives it:
     the prompt (user, environment), the first ``hint_tokens`` completion tokens as a
     forced prefix (assistant, out of the loss; no turn when 0) and the rest as the
     policy's turn (in the loss), each assistant turn with its share of ``logprobs``."""

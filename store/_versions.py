@@ -19,7 +19,7 @@ and is version 1. Opening a store:
 Versions:
 
 1. the store as gfcr wrote it before versions were recorded;
-2. ``rollouts.turns`` (``gfcr.core.rollout.TURN_TYPE``): the trajectory as turns. Rows stored
+2. ``rollouts.turns`` (``gfcr.core.trajectory.TURN_TYPE``): the trajectory as turns. Rows stored
    before kept a null ``turns`` until version 4.
 3. evaluations beyond greedy held-out accuracy: ``evaluations`` gains ``eval_set``,
    ``samples``, ``sample_temperature``, ``mean_reward`` and ``pass_at`` (null in older
@@ -28,7 +28,7 @@ Versions:
    missing tables when the store is opened for writing).
 4. stored turns are the only source: every row stored without ``turns`` (the rows of
    version 1) gets its single-turn form stored (``store._compat.derived_turns``, as
-   ``gfcr.core.rollout.single_turns`` derives it); no other column is changed, and
+   ``gfcr.core.turncols.single_turns`` derives it); no other column is changed, and
    DuckLake keeps the rows as they were for time travel. It is one ``UPDATE`` of the rows
    whose ``turns`` is null, so a migration interrupted before its commit left nothing
    and runs again whole, and one run twice changes nothing.

@@ -24,7 +24,7 @@ Definitions (the numbers replay and curriculum stages act on):
 - ``step_metrics``: the ``steps`` table.
 - ``lineage``: per rollout, its parent, who dropped it and why, the step whose update
   consumed it and how often it was replayed.
-- ``turns``: one row per turn of each rollout (``gfcr.core.rollout.TURN_TYPE``): ``run_id``,
+- ``turns``: one row per turn of each rollout (``gfcr.core.trajectory.TURN_TYPE``): ``run_id``,
   ``step``, ``rollout_id``, ``turn`` (0-based), ``role``, ``source``, ``n_tokens``,
   ``n_loss_tokens`` (tokens in the loss: its mask's true entries, 0 for a turn without
   a mask), ``tool_name``, ``tool_error``, ``reward`` (the turn's own, null: none) and

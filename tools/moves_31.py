@@ -53,6 +53,12 @@ MODULES: dict[str, str] = {
     "gfcr.core.evaluations": "gfcr.evaluation.columns",
     # where a step's tables wait between (Prefect) task calls
     "gfcr.runner.stash": "gfcr.transport.stash",
+    # a policy's chat template applied in token space, and its guard against content that
+    # forges turns: an implementation of gfcr.core.trajectory.ChatFormat, not a contract
+    "gfcr.core.chat": "gfcr.chat.formats",
+    "gfcr.core.chattext": "gfcr.chat.specials",
+    # a task's prompts checked against the policy's tokenizer when a run is built
+    "gfcr.runner.tokencheck": "gfcr.launch.tokencheck",
 }
 """old dotted module -> new dotted module (the file moves with it)."""
 
@@ -68,6 +74,13 @@ NAMES: dict[tuple[str, str], str] = {
     ("stages.engines.hf", "batch_token_logprobs"): "stages.engines.hf_sampling",
     # stages/advantages.py near the cap: the rewards column as an array is not an estimator
     ("stages.advantages", "reward_components"): "stages.reward_components",
+    # the contract a trajectory renders through stays in the kernel (gfcr.core.chat moved)
+    ("gfcr.core.chat", "ChatFormat"): "gfcr.core.trajectory",
+    # one name, one place: rollout.py re-exported the turn schema and its derivations
+    **{("gfcr.core.rollout", n): "gfcr.core.trajectory"
+       for n in ("BRANCH_TYPE", "TURN_SOURCES", "TURN_TYPE", "TURNS_TYPE", "loss_mask")},
+    **{("gfcr.core.rollout", n): "gfcr.core.turncols"
+       for n in ("flat_columns", "single_turns")},
 }
 """(old module, name) -> the module that now defines the name."""
 

@@ -5,7 +5,7 @@ stage, :mod:`stages.generate.episodes`, makes one for every trajectory it sample
 
 - ``reset(task) -> list[Message]``: the episode's first messages from a task row (the
   row's ``prompt``, ``answer`` and ``meta`` as a dict); they are rendered once through
-  the policy's chat template (:mod:`gfcr.core.chat`);
+  the policy's chat template (:mod:`gfcr.chat.formats`);
 - ``step(reply) -> Step``: the policy's turn as text (decoded from the ids it
   generated); returns the observation (messages appended to the conversation as token
   ids), the reward of that turn and whether the episode is done.

@@ -30,8 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gfcr.core.trajectory import (BRANCH_TYPE, TURN_SOURCES, TURN_TYPE, TURNS_TYPE,  # noqa: F401
-                                  loss_mask)
+from gfcr.core.trajectory import BRANCH_TYPE, TURN_TYPE, TURNS_TYPE
 from gfcr.core.turncols import flat_columns, single_turns
 
 FinishReason = Literal["stop", "length", "aborted", "pruned"]

@@ -18,21 +18,38 @@ are the first turn's tokens, ``completion_ids`` the later turns' tokens in order
 inverse for a row stored with flat columns only.
 
 Turns are appended, never re-rendered: the policy's ids exactly as generated, an
-observation as the ids of its rendered delta (:mod:`gfcr.core.chat`).
+observation as the ids of its rendered delta (:mod:`gfcr.chat.formats`).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 import pyarrow as pa
 
-from gfcr.core.chat import ChatFormat
 from gfcr.core.environment import Message, Tool
 
 _IDS = pa.list_(pa.int32())
+
+
+class ChatFormat(Protocol):
+    """How messages become ids: the first messages once, later ones as deltas."""
+
+    ends: frozenset[int]
+    """Token ids that end a policy turn (EOS, end of turn)."""
+
+    def first(self, messages: list[Message], tools: list[Tool]) -> list[int]:
+        """Ids of the conversation's first messages, ready for the policy's turn."""
+        ...
+
+    def delta(self, messages: list[Message], closed: bool) -> list[int]:
+        """Ids to append after a policy turn so the conversation goes on with
+        ``messages`` and then the policy's next turn; ``closed``: that turn ended with
+        one of :attr:`ends` (else the delta closes it first)."""
+        ...
+
 
 TURN_SOURCES = ("environment", "policy", "tool", "forced")
 """Who produced a turn's tokens: the environment (the prompt, an observation), the
@@ -113,7 +130,7 @@ def loss_mask(turns: Sequence[Turn | Mapping[str, Any]]) -> list[bool]:
 class Trajectory:
     """A conversation as turns of token ids, built by appending (never re-rendering).
 
-    ``format`` renders messages (:mod:`gfcr.core.chat`); a trajectory built from ids
+    ``format`` renders messages (:mod:`gfcr.chat.formats`); a trajectory built from ids
     alone (a single-turn sample, an agent's recorded calls) needs none.
     """
 

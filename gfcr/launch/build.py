@@ -26,10 +26,10 @@ from gfcr.core.services import Generator, Learner, Services
 from gfcr.core.stage import TRAIN
 from gfcr.core.storage import RunStore
 from gfcr.launch.placement import Placement
+from gfcr.launch.tokencheck import check_task
 from gfcr.runner.commits import BackgroundCommits, pinned_history, recording
 from gfcr.runner.inprocess import LocalGenerator, LocalLearner, LocalScorer
 from gfcr.runner.runtime import Record, Runtime, Stash
-from gfcr.runner.tokencheck import check_task
 from gfcr.transport.fleet import Fleet, for_run as fleet_for_run
 from gfcr.transport.remote import scoring
 from gfcr.transport.sharded import Setup, ShardedLearner

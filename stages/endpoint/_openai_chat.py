@@ -1,10 +1,10 @@
-"""OpenAI chat messages in gfcr's token-space chat (:mod:`gfcr.core.chat`).
+"""OpenAI chat messages in gfcr's token-space chat (:mod:`gfcr.chat.formats`).
 
 The endpoint receives messages as the OpenAI API has them (dicts, content as a string
 or text parts, an assistant's ``tool_calls``, a tool result's ``tool_call_id``) and
 tools as function-tool objects; :class:`OpenAIChat` turns them into
 :class:`gfcr.core.environment.Message` and :class:`~gfcr.core.environment.Tool` values and renders
-them with the policy's :class:`gfcr.core.chat.ChatFormat`: a whole conversation once
+them with the policy's :class:`gfcr.core.trajectory.ChatFormat`: a whole conversation once
 (:meth:`OpenAIChat.render`), or the new messages after an assistant turn kept as
 generated (:meth:`OpenAIChat.extend`). An assistant message that is rendered from its
 text (a conversation the endpoint did not serve) has its tool calls written in the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfcr.core.chat import ChatFormat
+from gfcr.core.trajectory import ChatFormat
 from gfcr.core.environment import Message, Tool
 from stages.endpoint._toolcalls import block
 
@@ -25,7 +25,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 
 class OpenAIChat:
-    """OpenAI messages to ids through a :class:`~gfcr.core.chat.ChatFormat`."""
+    """OpenAI messages to ids through a :class:`~gfcr.core.trajectory.ChatFormat`."""
 
     def __init__(self, format: ChatFormat) -> None:
         self.format = format

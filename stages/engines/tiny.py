@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
-from gfcr.core.chattext import template_ids
+from gfcr.chat.specials import template_ids
 from gfcr.core.policy import Policy
 from gfcr.core.stage import Spec
 from gfcr.core.registry import register
@@ -213,7 +213,7 @@ class HFTokenizer:
     def render_chat(self, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> str:
         """``messages`` (and ``tools``) through the chat template as text, with the system
-        message ``encode_prompt`` uses when they have none (gfcr.core.chat.RendersChat)."""
+        message ``encode_prompt`` uses when they have none (gfcr.chat.formats.RendersChat)."""
         if self.system is not None and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": self.system}, *messages]
         return str(self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
@@ -221,14 +221,14 @@ class HFTokenizer:
 
     @property
     def specials(self) -> tuple[str, ...]:
-        """The special-token strings the tokenizer would read as ids (gfcr.core.chattext)."""
+        """The special-token strings the tokenizer would read as ids (gfcr.chat.specials)."""
         return tuple(sorted({str(t.content) for t in self.hf.added_tokens_decoder.values()
                              if t.special} | set(self.hf.all_special_tokens)))
 
     def encode(self, text: str) -> list[int]:
         """``text`` as text: a special-token string inside it (``<|im_end|>`` in a tool's
         output or a task prompt) is split like any text, never read as its id, so
-        content cannot close a turn or open one (gfcr.core.chattext)."""
+        content cannot close a turn or open one (gfcr.chat.specials)."""
         return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def encode_template(self, text: str) -> list[int]:

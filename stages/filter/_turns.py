@@ -1,7 +1,7 @@
 """Reading a trajectory's turns for the step-level operators (GiGPO, IGPO): where the
 policy acted, what it observed before, what each step earned, and discounted returns.
 
-A *step* is one policy turn (``source == "policy"``, gfcr.core.rollout.TURN_SOURCES). Its
+A *step* is one policy turn (``source == "policy"``, gfcr.core.trajectory.TURN_SOURCES). Its
 *observation* is every other turn since the previous step (the prompt and any forced
 prefix for the first step; the environment's and the tools' answers after that).
 """

@@ -18,7 +18,7 @@ Departures from the paper: the anchor state is the exact token ids of the observ
 the step saw (the non-policy turns since the previous step: the prompt for the first
 step, the environment's and tools' answers later), hashed; GiGPO compares environment
 states, which an environment whose text does not determine its state would conflate or
-split. Step rewards are the turns' own rewards (gfcr.core.rollout.TURN_TYPE ``reward``) with
+split. Step rewards are the turns' own rewards (gfcr.core.trajectory.TURN_TYPE ``reward``) with
 whatever of the row's ``reward`` they do not account for earned at the last step
 (stages.filter._turns.step_rewards); GiGPO's environments give them per step. The
 standard deviations are the sample ones (ddof=1) with GRPO's 1e-6, as the trainer's

@@ -14,7 +14,7 @@ The rewards of all steps of a group's trajectories are normalised together (z-sc
 and each step's advantage is the discounted sum of the normalised rewards from it on,
 ``A_t = sum_{k >= t} gamma^(k - t) r~_k``, written per turn as
 :data:`gfcr.core.rollout.TURN_ADVANTAGES` (the trainer gives a turn's tokens its value). The
-dense rewards are kept on the policy turns' ``reward`` (gfcr.core.rollout.TURN_TYPE), so the
+dense rewards are kept on the policy turns' ``reward`` (gfcr.core.trajectory.TURN_TYPE), so the
 ``turns`` view shows them.
 
 Teacher forcing is the learner's (``ctx.teacher``, gfcr.core.stage.Teacher: the current
@@ -40,7 +40,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE, col
+from gfcr.core.rollout import TURN_ADVANTAGES, col
+from gfcr.core.trajectory import TURNS_TYPE
 from gfcr.core.stage import FilterResult, StageSpec, StepContext, Teacher
 from gfcr.core.registry import register
 from stages.advantages import grpo

@@ -47,7 +47,7 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from gfcr.config import refs
-from gfcr.core.chat import chat_format
+from gfcr.chat.formats import chat_format
 from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.core.stage import StageSpec, StepContext

@@ -2,7 +2,7 @@
 
 Each prompt of the plan is a task; ``n`` episodes run per task (a group, as in GRPO),
 each with its own environment instance (:mod:`gfcr.core.environment`). A step runs in waves:
-every live episode's conversation (token ids, :mod:`gfcr.core.chat`) goes into ONE batched
+every live episode's conversation (token ids, :mod:`gfcr.chat.formats`) goes into ONE batched
 engine call for the policy's next turn; then every live environment answers that turn
 (concurrently, each call under ``env_timeout``); observations are appended as the ids of
 their rendered delta. An episode ends when its environment says done, at ``max_turns``
@@ -17,7 +17,7 @@ is the sum of its turns' rewards (None: no environment reward; then a Verify sta
 scores it); an environment error is its ``score_error`` (reward 0 when the episode had
 earned none), so the run goes on. This is the environment loop of verifiers/SkyRL
 (Brown 2025; Cao et al. 2025, "SkyRL") with the token-in, token-out discipline of
-:mod:`gfcr.core.chat`.
+:mod:`gfcr.chat.formats`.
 
 On a fleet of servers (gfcr.transport.fleet) each turn-wave is one fleet call, split by
 group (a task's episodes share a server), and a row's ``server`` is the server of its
@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from gfcr.core.chat import chat_format
+from gfcr.chat.formats import chat_format
 from gfcr.core.engine import Engine, GenOutput, GenRequest, SamplingParams, SegmentHook
 from gfcr.core.environment import Environment, HasTools, Message, Step, resolve_env
 from gfcr.core.rollout import (BRANCH, EPISODE_END, NEW_TOKENS, PLAN_MAX_TOKENS, PLAN_MAX_TURNS,

@@ -33,7 +33,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from gfcr.core.capabilities import ContinuesBranches
-from gfcr.core.rollout import BRANCH, BRANCH_TYPE, PROMPT_COLUMNS, PROMPT_SCHEMA, col, stable_id
+from gfcr.core.rollout import BRANCH, PROMPT_COLUMNS, PROMPT_SCHEMA, col, stable_id
+from gfcr.core.trajectory import BRANCH_TYPE
 from gfcr.core.row_filter import ASCENDING, DESCENDING, RowFilter
 from gfcr.core.stage import StageSpec, StepContext
 from gfcr.core.registry import register

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gfcr.core.chat import chat_format
+from gfcr.chat.formats import chat_format
 from gfcr.core.engine import GenRequest, SamplingParams
 from stages import HF, TinyLlama
 from stages.generate._episodes import Episode

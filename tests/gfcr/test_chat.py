@@ -1,4 +1,4 @@
-"""gfcr.core.chat: conversations appended as token ids, never re-rendered, with the byte
+"""gfcr.chat.formats: conversations appended as token ids, never re-rendered, with the byte
 tokenizer (plain format) and a trained BPE tokenizer with a ChatML template."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.core.chat import PlainFormat, TemplateFormat, chat_format
+from gfcr.chat.formats import PlainFormat, TemplateFormat, chat_format
 from gfcr.core.trajectory import Trajectory
 from gfcr.core.engine import encode_prompt
 from gfcr.core.environment import Message, Tool
-from gfcr.core.rollout import TURNS_TYPE, loss_mask
+from gfcr.core.trajectory import TURNS_TYPE, loss_mask
 from stages.engines.tiny import HFTokenizer
 from stages.engines.tokenizers import EOS_ID, ByteTokenizer
 from tests.resources.chat import bpe_tokenizer, chat_tokenizer

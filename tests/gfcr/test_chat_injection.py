@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gfcr.core.chat import PlainFormat, TemplateFormat
+from gfcr.chat.formats import PlainFormat, TemplateFormat
 from gfcr.core.trajectory import Trajectory
-from gfcr.core.chattext import JOINER, template_ids
+from gfcr.chat.specials import JOINER, template_ids
 from gfcr.core.environment import Message
 from stages.engines.tiny import HFTokenizer
 from tests.resources.chat import bpe_tokenizer, chat_tokenizer

@@ -14,7 +14,7 @@ import pytest
 
 from gfcr.launch.placement import Placement
 from gfcr import Pipeline
-from gfcr.core.rollout import loss_mask
+from gfcr.core.trajectory import loss_mask
 from gfcr.launch.run import execute
 from gfcr.weights.versions import WeightStore, directory
 from gfcr.transport.fleet import Fleet

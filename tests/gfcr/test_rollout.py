@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from gfcr.core.rollout import (COLUMNS, ROLLOUT_SCHEMA, TURNS_TYPE, SchemaError, col, conform,
-                               loss_mask, prompt_id)
+from gfcr.core.rollout import COLUMNS, ROLLOUT_SCHEMA, SchemaError, col, conform, prompt_id
+from gfcr.core.trajectory import TURNS_TYPE, loss_mask
 
 
 def _row(**changes):

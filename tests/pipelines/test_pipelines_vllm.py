@@ -115,7 +115,8 @@ def test_sleep_mode_runs_on_the_cpu_build(tmp_path: Any, llm_pool: LLMPool) -> N
 def test_agent_env_serves_an_openai_client_agent_from_vllm(tmp_path: Any) -> None:
     """The AgentEnv endpoint over the vLLM engine: each policy turn is vLLM's ids with
     logprobs equal to a teacher-forced pass; then the agent pipeline trains two steps."""
-    from gfcr.core.rollout import conform, loss_mask
+    from gfcr.core.rollout import conform
+    from gfcr.core.trajectory import loss_mask
     from pipelines.agent import pipeline as agent_pipeline
     from stages import AgentEnv
     from tests.resources.agents import Recording, needs_openai, plan

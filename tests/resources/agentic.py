@@ -1,4 +1,4 @@
-"""Hand-built multi-turn rollouts (gfcr.core.rollout.TURN_TYPE) and runs of them committed to a
+"""Hand-built multi-turn rollouts (gfcr.core.trajectory.TURN_TYPE) and runs of them committed to a
 real store, for the agentic operators, the ``turns`` view, the report and the doctor."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from gfcr.core.rollout import TURNS_TYPE, col
+from gfcr.core.rollout import col
+from gfcr.core.trajectory import TURNS_TYPE
 from tests.resources.rollouts import rollouts
 
 PROMPT = [1, 2]

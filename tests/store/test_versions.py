@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gfcr.core.rollout import col, single_turns
+from gfcr.core.rollout import col
+from gfcr.core.turncols import single_turns
 from store import RolloutStore, StoreError
 from store.reads import LakeRunReads
 from store._versions import MIGRATIONS, SCHEMA_VERSION

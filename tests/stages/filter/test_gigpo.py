@@ -3,7 +3,8 @@
 import pyarrow as pa
 import pytest
 
-from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE
+from gfcr.core.rollout import TURN_ADVANTAGES
+from gfcr.core.trajectory import TURNS_TYPE
 from stages.filter._turns import discounted, step_rewards
 from stages.filter.gigpo import GiGPO
 from tests.resources.rollouts import context, rollouts

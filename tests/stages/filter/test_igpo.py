@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE
+from gfcr.core.rollout import TURN_ADVANTAGES
+from gfcr.core.trajectory import TURNS_TYPE
 from gfcr.runner.inprocess import LocalLearner
 from stages import GRPO, IGPO
 from tests.resources.agentic import turn

@@ -9,11 +9,12 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from gfcr.core.rollout import conform, loss_mask
+from gfcr.core.rollout import conform
+from gfcr.core.trajectory import loss_mask
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate.agent import AgentFailed
 from stages.generate._episodes import Episode
-from gfcr.core.chat import chat_format
+from gfcr.chat.formats import chat_format
 from stages.endpoint._openai_chat import OpenAIChat
 from stages.generate._waves import Waves
 from stages.generate.openai_api import AgentServer

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gfcr.core.chat import chat_format
+from gfcr.chat.formats import chat_format
 from gfcr.core.rollout import conform
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate._episodes import Episode

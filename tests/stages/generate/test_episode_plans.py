@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from gfcr.core.environment import Message, Step
-from gfcr.core.rollout import BRANCH, BRANCH_TYPE, EPISODE_END, PLAN_MAX_TURNS, TURN_COUNT, col
+from gfcr.core.rollout import BRANCH, EPISODE_END, PLAN_MAX_TURNS, TURN_COUNT, col
+from gfcr.core.trajectory import BRANCH_TYPE
 from stages import HF, FissionBranch, TinyLlama
 from stages.generate.episodes import Episodes
 from stages.replay.fission import error_prefix

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from gfcr.core.environment import Message, Step
-from gfcr.core.rollout import (EPISODE_END, PROMPT_SCHEMA, TURN_COUNT, col, conform, loss_mask,
-                               prompt_id)
+from gfcr.core.rollout import EPISODE_END, PROMPT_SCHEMA, TURN_COUNT, col, conform, prompt_id
+from gfcr.core.trajectory import loss_mask
 from stages import HF, TinyLlama
 from stages.generate.episodes import Episodes
 from tests.resources.chat import Recording, chat_policy

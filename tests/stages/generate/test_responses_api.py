@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gfcr.core.chat import chat_format
-from gfcr.core.rollout import conform, loss_mask
+from gfcr.chat.formats import chat_format
+from gfcr.core.rollout import conform
+from gfcr.core.trajectory import loss_mask
 from stages import HF, AgentEnv, TinyLlama
 from stages.generate._episodes import Episode
 from stages.endpoint._http import ApiError

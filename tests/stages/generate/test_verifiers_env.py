@@ -13,7 +13,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pytest
 
-from gfcr.core.rollout import conform, loss_mask
+from gfcr.core.rollout import conform
+from gfcr.core.trajectory import loss_mask
 from stages import HF, TinyLlama
 from stages.envs import _vf
 from tests.resources.agents import Recording, taught

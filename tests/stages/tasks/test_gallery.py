@@ -21,7 +21,7 @@ from gfcr.core.rollout import col
 from gfcr.runner.inprocess import local_services
 from gfcr.runner.loop import Runtime, run_step
 from gfcr.transport.stash import MemoryStash
-from gfcr.runner.tokencheck import check_task
+from gfcr.launch.tokencheck import check_task
 from stages import HF, GroupSample, ReasoningGym, TinyLlama, UniformSampler, Verify
 from stages.filter.verify import ScorerFailed
 

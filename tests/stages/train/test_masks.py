@@ -87,7 +87,7 @@ def test_a_fully_hinted_row_is_not_trained_and_too_many_hints_raise():
 
 
 def test_a_forced_prefix_turn_trains_as_hint_tokens_do():
-    """The hint as a forced-prefix turn (gfcr.core.rollout.TURN_TYPE), with no hint_tokens
+    """The hint as a forced-prefix turn (gfcr.core.trajectory.TURN_TYPE), with no hint_tokens
     column, gives the learner the gradient the hint_tokens column gives."""
     from gfcr.core.rollout import with_turns
 
@@ -218,7 +218,7 @@ def test_for_batch_reads_masks_turn_credit_and_overrides_in_one_place():
     it has none), per-token turn advantages, advantage overrides and the token share."""
     import pyarrow as pa
 
-    from gfcr.core.rollout import TURNS_TYPE
+    from gfcr.core.trajectory import TURNS_TYPE
     from gfcr.core.trajectory import Trajectory
     from stages.train.masks import for_batch
 

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from gfcr.core.rollout import TURN_ADVANTAGES, TURNS_TYPE
+from gfcr.core.rollout import TURN_ADVANTAGES
+from gfcr.core.trajectory import TURNS_TYPE
 from stages.train.advantages import lookup_advantage
 from stages.train.batching import padded
 from stages.train.forward import sequence_logprobs

@@ -34,9 +34,10 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol, runtime_checkable
 
-from gfcr.core.chattext import template_ids
+from gfcr.chat.specials import template_ids
 from gfcr.core.engine import Tokenizer, stop_token_ids
 from gfcr.core.environment import Message, Tool
+from gfcr.core.trajectory import ChatFormat
 
 
 @runtime_checkable
@@ -44,7 +45,7 @@ class RendersChat(Protocol):
     """A tokenizer with a chat template: ``chat`` says whether prompts go through it.
     ``encode`` reads text as text (no special ids from it); ``encode_template`` reads the
     template's markup, its special strings (``specials``) as their ids
-    (:mod:`gfcr.core.chattext`)."""
+    (:mod:`gfcr.chat.specials`)."""
 
     chat: bool
     @property
@@ -56,23 +57,6 @@ class RendersChat(Protocol):
 
     def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                     add_generation_prompt: bool) -> str: ...
-
-
-class ChatFormat(Protocol):
-    """How messages become ids: the first messages once, later ones as deltas."""
-
-    ends: frozenset[int]
-    """Token ids that end a policy turn (EOS, end of turn)."""
-
-    def first(self, messages: list[Message], tools: list[Tool]) -> list[int]:
-        """Ids of the conversation's first messages, ready for the policy's turn."""
-        ...
-
-    def delta(self, messages: list[Message], closed: bool) -> list[int]:
-        """Ids to append after a policy turn so the conversation goes on with
-        ``messages`` and then the policy's next turn; ``closed``: that turn ended with
-        one of :attr:`ends` (else the delta closes it first)."""
-        ...
 
 
 class PlainFormat:
