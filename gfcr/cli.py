@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -11,11 +10,11 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from gfcr.commands import (deploy as cli_deploy, export as cli_export, model as cli_model,
                            store as cli_store, workers as cli_workers)
 from gfcr.commands import replay as cli_replay
+from gfcr.commands.summary import print_summary
 
 if TYPE_CHECKING:  # the run's types, imported when a command runs (a fast --help)
     from gfcr.commands.warnings_log import WarningsLog
@@ -109,7 +108,7 @@ def run(
         if viewer is not None:
             viewer.shutdown()
             viewer.server_close()
-    _print_summary(summary, as_json=as_json)
+    print_summary(summary, out, as_json=as_json)
     if not as_json and warned.note():
         err.print(warned.note(), markup=False, highlight=False, soft_wrap=True)
 
@@ -316,35 +315,6 @@ def _fail(message: str) -> NoReturn:
     err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False,
               soft_wrap=True)
     raise typer.Exit(2)
-
-
-def accuracy_rows(before: float, warm: float | None, after: float) -> list[tuple[str, str]]:
-    """Held-out accuracy of a run's summary, each phase credited its own share: the warm
-    start's (before -> after it) and GRPO's (after the warm start -> the end)."""
-    def share(a: float, b: float) -> str:
-        return f"{a:.1%} -> {b:.1%} ({100 * (b - a):+.1f} points)"
-    if warm is None:
-        return [("held-out accuracy", share(before, after))]
-    return [("held-out accuracy", f"{before:.1%} -> {after:.1%}"),
-            ("  warm start's share", share(before, warm)),
-            ("  GRPO's share", share(warm, after))]
-
-
-def _print_summary(s: RunSummary, *, as_json: bool = False) -> None:
-    """The run's summary: a table, or with ``as_json`` one JSON object (no history)."""
-    if as_json:
-        print(json.dumps({k: v for k, v in s.as_dict().items() if k != "history"}, default=str))
-        return
-    view = Table(title=f"run {s.run_id}", show_header=False)
-    for key, value in [
-        *accuracy_rows(s.accuracy_before, s.accuracy_warmstart, s.accuracy_after),
-        ("rollouts stored", str(s.rollouts)), ("steps", str(s.steps)),
-        ("seconds", f"{s.seconds:.0f}"), ("store", s.store), ("mlflow", str(s.mlflow)),
-    ]:
-        view.add_row(key, value)
-    out.print(view)
-    out.print(f'query it:  gfcr sql "SELECT step, kept, dropped_by, avg(reward) FROM rollouts '
-              f"WHERE run_id = '{s.run_id}' GROUP BY ALL ORDER BY step\"")
 
 
 from gfcr.commands import report as cli_report  # noqa: E402 (report, doctor; sql --duckdb)

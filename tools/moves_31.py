@@ -94,14 +94,24 @@ RENAMES: dict[tuple[str, str], str] = {
     ("stages.envs.tools", "Call"): "ToolCall",
     ("stages.generate.agent", "_Run"): "_AgentRun",
     ("gfcr.ui.context", "Context"): "PageContext",
+    # the train stage's learner (what ``Train.learner`` builds); gfcr.core.services.Learner
+    # is the run's learner service, which owns the weights and wraps it
+    ("gfcr.core.stage", "Learner"): "StageLearner",
+    # the sharded learner's side in gfcr; stages.train keeps Rank (an FSDP2 rank worker)
+    # and Ranks (the learner's processes as an update sees them)
+    ("gfcr.transport.sharded_rank", "Rank"): "RankServer",
+    ("gfcr.transport.sharded_ranks", "Ranks"): "RankProcesses",
+    # an engine worker refusing a call; gfcr.procs.wire.Refused: a peer without the key
+    ("gfcr.transport.remote.call", "Refused"): "CallRefused",
+    # the scorer's child processes; gfcr.transport.remote.pool.WorkerPool: a Prefect pool
+    ("gfcr.procs.scorer_workers", "WorkerPool"): "ScorerWorkers",
 }
 """(module that defines it, after the moves; old class name) -> new class name."""
 
 OWNED_RENAMES: dict[tuple[str, str], str] = {
     # in files other branches of issue 31 rewrite: applied only with --owned, by the lead
     # after merging them (check the diff: every bare use of the old name in a file that
-    # imports it is renamed, prose included)
-    ("gfcr.core.stage", "Learner"): "StageLearner",
+    # imports it is renamed, prose included). Empty: the stage's Learner moved to RENAMES.
 }
 """Renames in modules owned by other branches; see ``--owned``."""
 

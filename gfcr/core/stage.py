@@ -233,7 +233,7 @@ class Refill(Stage, Protocol):
 
 
 @runtime_checkable
-class Learner(Protocol):
+class StageLearner(Protocol):
     def update(self, ctx: StepContext, batch: pa.Table) -> TrainResult: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -243,7 +243,7 @@ class Learner(Protocol):
 
 @runtime_checkable
 class Train(Stage, Protocol):
-    def learner(self, policy: Policy, *, seed: int) -> Learner: ...
+    def learner(self, policy: Policy, *, seed: int) -> StageLearner: ...
 
 
 P = TypeVar("P", bound=Stage)
@@ -283,8 +283,8 @@ REFILL = Phase("shortfall", "filter", Refill, True,
 AUGMENT = Phase("augment", "replay", Augment, True,
                 "``augment(ctx, batch) -> batch``: mix reused rollouts into the batch")
 TRAIN = Phase("learner", "train", Train, False,
-              "``learner(policy, seed=...) -> Learner``, whose ``update(ctx, batch)`` returns "
-              "advantages and metrics")
+              "``learner(policy, seed=...) -> StageLearner``, whose ``update(ctx, batch)`` "
+              "returns advantages and metrics")
 
 PHASES: tuple[Phase[Any], ...] = (SELECT, ALLOCATE, ON_SEGMENT, GENERATE, FILTER, REFILL,
                                   AUGMENT, TRAIN)

@@ -107,7 +107,7 @@ class _Worker:
         childproc.kill_piped(self.proc, self._send, self._answers)
 
 
-class WorkerPool:
+class ScorerWorkers:
     """Idle workers, taken one per call (so concurrent calls never share one)."""
 
     def __init__(self) -> None:
@@ -190,16 +190,16 @@ def _ask(worker: _Worker, message: tuple[Any, ...], deadline: float, late: str) 
                  cpu=float(answer.get("cpu") or 0.0))
 
 
-_pool: WorkerPool | None = None
+_pool: ScorerWorkers | None = None
 _pool_lock = threading.Lock()
 
 
-def pool() -> WorkerPool:
+def pool() -> ScorerWorkers:
     """This process's worker pool (ended when the process exits)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = WorkerPool()
+            _pool = ScorerWorkers()
         return _pool
 
 

@@ -22,7 +22,7 @@ from gfcr.core.capabilities import AdapterWeights, EngineRng, EngineSleep
 from gfcr.core.engine import Decision, Engine, Flight, Inflight
 from gfcr.core.policy import Policy
 from gfcr.core.services import Pending, Services, WeightHandle, awake
-from gfcr.core.stage import Filter, Generate, Learner as StageLearner, OnSegment, StepContext
+from gfcr.core.stage import Filter, Generate, OnSegment, StageLearner, StepContext
 from gfcr.core.stage import Task, TrainResult
 from gfcr.core.settings import Sampled
 from gfcr.evaluation.heldout import evaluate

@@ -50,7 +50,7 @@ class _NoTask:
         raise TypeError("a sharded learner's rank has no task")
 
 
-class Rank:
+class RankServer:
     """The commands of the flow process (gfcr.transport.sharded), run on a worker."""
 
     def __init__(self, setup: ShardSetup, worker: RankWorker, rank: int) -> None:
@@ -94,7 +94,7 @@ def serve(fd: int, rank: int) -> None:
     place = RankPlace(rank, int(os.environ["WORLD_SIZE"]),
                       int(os.environ.get("LOCAL_RANK", "0")), os.environ[STORE])
     worker = setup.stage.rank_worker(setup, place)
-    commands = Rank(setup, worker, rank)
+    commands = RankServer(setup, worker, rank)
     commands.publish(0)
     wire.write_frame(fd, pickle.dumps(("ok", os.getpid())))
     while True:

@@ -14,8 +14,8 @@ never crosses), and this process proves the key back; a peer that sends nothing 
 hold the accept loop (drill T3): every connection's answer is read as it arrives, with
 its own deadline.
 
-The ranks share one process group (the first rank's), so :meth:`Ranks.stop` ends them
-all; a rank that dies is named with its exit status (:meth:`Ranks.cause`).
+The ranks share one process group (the first rank's), so :meth:`RankProcesses.stop` ends them
+all; a rank that dies is named with its exit status (:meth:`RankProcesses.cause`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class StartFailed(RuntimeError):
     """The ranks exited or did not all connect in time; the message says which."""
 
 
-class Ranks:
+class RankProcesses:
     """The ranks' processes, by rank, in one process group."""
 
     def __init__(self, procs: list[subprocess.Popen], log: Path, store: Path) -> None:
@@ -95,7 +95,7 @@ class Ranks:
         shutil.rmtree(self.store, ignore_errors=True)
 
 
-def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.socket]]:
+def start(ranks: int, log: Path, timeout_s: float) -> tuple[RankProcesses, list[socket.socket]]:
     """``ranks`` rank processes and each one's authenticated connection, by rank."""
     server = socket.create_server(("127.0.0.1", 0))
     key = secrets.token_bytes(16)
@@ -115,7 +115,7 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
                 [sys.executable, "-m", sharded_rank.__name__], stdout=out, stderr=subprocess.STDOUT,
                 env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                 process_group=group))
-    started = Ranks(procs, log, store)
+    started = RankProcesses(procs, log, store)
     try:
         return started, accept(server, started, key, timeout_s)
     except BaseException:
@@ -125,7 +125,7 @@ def start(ranks: int, log: Path, timeout_s: float) -> tuple[Ranks, list[socket.s
         server.close()
 
 
-def accept(server: socket.socket, ranks: Ranks, key: bytes,
+def accept(server: socket.socket, ranks: RankProcesses, key: bytes,
            timeout_s: float) -> list[socket.socket]:
     """Each rank's connection, by rank: every connection is challenged as it arrives and
     its answer read as it comes (select), each within HELLO_S; a wrong proof, a bad rank

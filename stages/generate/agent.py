@@ -35,12 +35,8 @@ closed (the endpoint refuses its calls) and the thread is left to end on its own
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Literal
 
 import pyarrow as pa
@@ -48,18 +44,19 @@ from pydantic import Field, field_validator
 
 from gfcr.config import refs
 from gfcr.chat.formats import chat_format
-from gfcr.core.engine import Engine, GenRequest, RequestRefused, SamplingParams, SegmentHook
+from gfcr.core.engine import Engine, SegmentHook
 from gfcr.core.rollout import EPISODE_END, PLAN_MAX_TOKENS, PLAN_N, TURN_COUNT, col
 from gfcr.core.stage import StageSpec, StepContext
 from gfcr.core.registry import register
 from stages.endpoint._limits import context_limit, max_token_chars
 from stages.endpoint._openai_chat import OpenAIChat
+from stages.generate._agent_driver import AgentDriver, AgentRun
 from stages.generate._episodes import Episode
 from stages.generate._policy import chat_tokenizer
 from stages.generate.group import GENERATED
-from stages.generate.openai_api import TOO_LONG, AgentServer
-from stages.generate.rows import episode_rows, stable_id, task_fields, to_table
-from stages.generate._waves import Ask, Waves
+from stages.generate.openai_api import AgentServer
+from stages.generate.rows import episode_rows, stable_id, to_table
+from stages.generate._waves import Waves
 
 
 class AgentFailed(RuntimeError):
@@ -130,13 +127,13 @@ class AgentEnv(StageSpec):
         tokenizer = chat_tokenizer(engine, self.label)
         chat = chat_format(tokenizer)
         codec = OpenAIChat(chat)
-        runs: list[_AgentRun] = []
+        runs: list[AgentRun] = []
         for p_idx, prompt in enumerate(tasks):
             cap = None if prompt.get(PLAN_MAX_TOKENS) is None else int(prompt[PLAN_MAX_TOKENS])
             group = stable_id(ctx.run_id, ctx.step, ctx.round, "group", p_idx)
             for sample in range(_n(prompt, self.n)):
-                runs.append(_AgentRun(p_idx, sample, Episode(len(runs), codec, max_tokens=cap),
-                                 group))
+                runs.append(AgentRun(p_idx, sample, Episode(len(runs), codec, max_tokens=cap),
+                                group))
         waves = Waves(self.window)
         with AgentServer(waves, engine.decode, model=self.label, max_tokens=self.max_tokens,
                          wait=self.timeout, max_calls=self.max_calls,
@@ -145,14 +142,14 @@ class AgentEnv(StageSpec):
                          max_connections=self.max_connections,
                          read_timeout=self.read_timeout) as server, \
                 _clients(self.label, self.timeout) as client:
-            _Driver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
+            AgentDriver(self, ctx, engine, server, waves).run(runs, fn, client, tasks)
         return self._table(ctx, tasks, runs, engine)
 
     def agent_function(self) -> Callable[..., Any]:
         """The function each episode runs (a subclass may supply its own)."""
         return _agent(self.agent, f"stage {self.label!r}: agent")
 
-    def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list["_AgentRun"],
+    def _table(self, ctx: StepContext, tasks: list[dict[str, Any]], runs: list[AgentRun],
                engine: Engine) -> pa.Table:
         rows: list[dict[str, Any]] = []
         ends: list[str] = []
@@ -184,157 +181,6 @@ class AgentEnv(StageSpec):
                 .append_column(TURN_COUNT, pa.array(turns, pa.int32())))
 
 
-@dataclass
-class _AgentRun:
-    """One episode: its task row, sample index, record and outcome."""
-
-    task: int
-    sample: int
-    episode: Episode
-    group: str
-    """The task's group id: its rows' ``group_id``, and its requests' group on a fleet."""
-    reward: float | None = None
-    rewards: list[tuple[str, float]] | None = None
-    """The reward's components, when the agent returned them."""
-    error: str | None = None
-    seconds: float = 0.0
-    started: float = 0.0
-    thread: threading.Thread | None = None
-    finished: threading.Event = field(default_factory=threading.Event)
-    closed: bool = False
-    """Timed out: what the agent's thread does later is not recorded."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def end(self) -> str:
-        """Why the episode ended (gfcr.core.environment.EPISODE_ENDS)."""
-        if self.error is None:
-            return "done"
-        return "env_timeout" if self.error.startswith("Timeout:") else "env_error"
-
-    def settle(self, reward: float | None, error: str | None, *, close: bool = False,
-               rewards: list[tuple[str, float]] | None = None) -> None:
-        """Record the outcome, unless the episode was already closed by its timeout."""
-        with self.lock:
-            if not self.closed:
-                self.reward, self.error, self.closed = reward, error, close
-                self.rewards = rewards
-
-
-class _Driver:
-    """Runs a step's episodes: starts agent threads, serves their turn-waves from the
-    engine on this thread, and closes episodes that finish or time out."""
-
-    def __init__(self, spec: AgentEnv, ctx: StepContext, engine: Engine,
-                 server: AgentServer, waves: Waves) -> None:
-        self.spec, self.engine, self.server, self.waves = spec, engine, server, waves
-        self.seeds = ctx.rng(spec.label)
-        self.live: list[_AgentRun] = []
-        self.groups: dict[int, str] = {}  # episode index -> its task's group
-
-    def run(self, runs: list[_AgentRun], fn: Callable[..., Any], client: Any,
-            tasks: list[dict[str, Any]]) -> None:
-        todo = list(runs)
-        while todo or self.live:
-            while todo and len(self.live) < self.spec.concurrency:
-                run = todo.pop(0)
-                self._start(run, fn, client, task_fields(tasks[run.task]))
-            wave = self.waves.gather(self._waiting, timeout=self._tick())
-            if wave:
-                self._serve(wave)
-            self._reap()
-
-    def _waiting(self) -> int:
-        return sum(1 for r in self.live if not r.finished.is_set())
-
-    def _tick(self) -> float:
-        now = time.monotonic()
-        return max(0.0, min((r.started + self.spec.timeout - now for r in self.live),
-                            default=0.0))
-
-    def _start(self, run: _AgentRun, fn: Callable[..., Any], clients: Callable[[str], Any],
-               task: dict[str, Any]) -> None:
-        client = clients(self.server.open(run.episode))
-
-        def body() -> None:
-            try:
-                reward, error, parts = _reward(fn(client, task))
-                run.settle(reward, error, rewards=parts)
-            except BaseException as err:  # noqa: BLE001 - the agent's error, recorded
-                run.settle(None, f"{type(err).__name__}: {err}")
-            finally:
-                run.finished.set()
-                self.waves.wake()
-
-        self.groups[run.episode.index] = run.group
-        run.started = time.monotonic()
-        run.thread = threading.Thread(target=body, daemon=True,
-                                      name=f"gfcr-agent-{run.episode.index}")
-        self.live.append(run)
-        run.thread.start()
-
-    def _reap(self) -> None:
-        now = time.monotonic()
-        for run in list(self.live):
-            if run.finished.is_set():
-                run.seconds = now - run.started
-            elif now - run.started >= self.spec.timeout:
-                run.settle(None, f"Timeout: the agent ran past {self.spec.timeout:g} s "
-                                 "(AgentEnv.timeout)", close=True)
-                run.seconds = now - run.started
-            else:
-                continue
-            self.server.end(run.episode, "the episode ended")
-            self.live.remove(run)
-
-    def _serve(self, wave: list[Ask]) -> None:
-        """Generate a wave: one engine call per distinct ``stop`` of its asks (a request
-        that cannot be rendered, or is too long, was answered by ``prepare``)."""
-        ready = [(a, ids) for a in wave if (ids := self.server.prepare(a)) is not None]
-        for stop in sorted({a.stop for a, _ in ready}):
-            params = SamplingParams(temperature=self.spec.temperature, top_p=self.spec.top_p,
-                                    max_tokens=self.spec.max_tokens, stop=stop,
-                                    seed=int(self.seeds.integers(2**31 - 1)))
-            self._generate([(a, ids) for a, ids in ready if a.stop == stop], params)
-
-    def _generate(self, asks: list[tuple[Ask, list[int]]], params: SamplingParams) -> None:
-        """One engine call for ``asks``; a request the engine refuses fails alone. The
-        engine names it (:class:`RequestRefused`, a fleet server's HTTP 400): it is
-        answered 400 and the rest generated again without it. Any other error splits
-        the call in halves until the failing request is alone (one bad request costs
-        its neighbours a retry, never their answers)."""
-        asks = list(asks)
-        while asks:
-            requests = [GenRequest(key=i, prompt_ids=ids, max_tokens=a.max_tokens,
-                                   group=self.groups.get(a.episode.index))
-                        for i, (a, ids) in enumerate(asks)]
-            try:
-                outputs = self.engine.generate(requests, params)
-            except RequestRefused as err:
-                if not 0 <= err.key < len(asks):
-                    raise
-                asks.pop(err.key)[0].fail(400, f"the engine refused this request: "
-                                               f"{str(err)[:500]}", _code(str(err)))
-                continue
-            except Exception as err:  # noqa: BLE001 - answered to the agent that caused it
-                if len(asks) > 1:
-                    half = len(asks) // 2
-                    self._generate(asks[:half], params)
-                    self._generate(asks[half:], params)
-                else:
-                    asks[0][0].fail(503, f"the engine failed on this request "
-                                         f"({type(err).__name__})")
-                return
-            for (a, _), out in zip(asks, outputs):
-                self.server.finish(a, out)
-            return
-
-
-def _code(message: str) -> str | None:
-    """The API error code of an engine's refusal: a prompt longer than the context."""
-    long = ("longer than the maximum", "maximum context length", "max_model_len")
-    return TOO_LONG if any(phrase in message for phrase in long) else None
-
-
 def _agent(ref: str, what: str) -> Callable[..., Any]:
     """The agent function; a module not found on ``sys.path`` is looked for in the
     working directory too, as ``python -m`` and uvicorn do (``gfcr run`` is a console
@@ -349,18 +195,6 @@ def _agent(ref: str, what: str) -> Callable[..., Any]:
     if not callable(found):
         raise ValueError(f"{what} {ref!r} is not a function")
     return found
-
-
-def _reward(value: Any) -> tuple[float | None, str | None, list[tuple[str, float]] | None]:
-    """(reward, error, components): an agent returns a number, or (number, {name: value})
-    to store the reward's components too."""
-    parts: list[tuple[str, float]] | None = None
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
-        value, named = value
-        parts = [(str(k), float(v)) for k, v in named.items()]
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return float(value), None, parts
-    return None, f"the agent returned {value!r}, not a finite number", None
 
 
 def _n(prompt: dict[str, Any], default: int) -> int:

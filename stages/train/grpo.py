@@ -56,7 +56,8 @@ from gfcr.core.stage import StageSpec
 from gfcr.core.registry import register
 from stages.advantages import known_advantage
 from stages.train.forward import sequence_logprobs
-from stages.train.learner import GRPOLearner, LearnerOptions
+from stages.train.learner import GRPOLearner
+from stages.train.options import LearnerOptions
 from stages.train.lora import LoraSpec, LoraTraining
 from stages.train.selection import known_token_selector
 from stages.train.loss import Aggregation, RatioLevel

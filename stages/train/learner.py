@@ -9,7 +9,8 @@ needed (proximal logprobs of off-policy rows, :mod:`stages.train.offpolicy`; tok
 entropies for the token selector), the
 reference logprobs when ``kl_coef > 0``, then ``epochs`` optimizer steps, each over
 micro-batches (:mod:`stages.train.batching`) whose losses are divided by whole-batch counts
-so the accumulated gradient is the full-batch gradient.
+so the accumulated gradient is the full-batch gradient. The forward passes of the policy,
+with a gradient and without, are :mod:`stages.train.passes`.
 
 The device and dtype are read from the trained weights at every update, never kept from
 the build (:mod:`stages.train.device`): the engine places the model after the learner
@@ -19,8 +20,6 @@ stay tensors until the update ends (their weights are counted on the host).
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,44 +34,14 @@ from stages.train import offpolicy
 from stages.train import work as work_rows
 from stages.train.work import Work
 from stages.train import device as placing
-from stages.train.batching import plan, waste
-from stages.train.forward import sequence_logprobs, sequence_logprobs_entropy
+from stages.train.batching import waste
 from stages.train.memory import PeakMemory, checkpoint_layers
 from stages.train.lora import LoraTraining
-from stages.train.loss import Aggregation, RatioLevel, token_entropy
-from stages.train.optim import Precision, Schedule, autocast, bf16_problem, lr_factor, set_lr
+from stages.train.optim import bf16_problem, lr_factor, set_lr
+from stages.train.options import LearnerOptions
+from stages.train.passes import Passes
 from stages.train.ranks import OneProcess, Ranks
 
-
-@dataclass(frozen=True)
-class LearnerOptions:
-    """What the learner needs, flat: the train stage's options (see
-    :class:`stages.train.grpo.GRPO` for each one's meaning) and its label for errors. The
-    stage builds it, so the learner knows no config class and no method by name."""
-
-    label: str
-    lr: float
-    advantage: str
-    clip_low: float
-    clip_high: float
-    aggregation: Aggregation
-    norm_tokens: int | None
-    ratio_level: RatioLevel
-    epochs: int
-    micro_batch: int
-    micro_batch_tokens: int | None
-    max_grad_norm: float
-    temperature: float
-    lr_schedule: Schedule
-    warmup_steps: int
-    total_steps: int | None
-    precision: Precision
-    kl_coef: float
-    entropy_coef: float
-    tis_cap: float | None
-    token_selector: str = "d3s"
-    gradient_checkpointing: bool = False
-    offload_optimizer: bool = False
 
 class GRPOLearner:
     """Applies :class:`GRPO` updates to the run's policy, which it updates in place. It
@@ -90,6 +59,8 @@ class GRPOLearner:
         """The processes an update's rows are shared between (stages.train.ranks); a
         sharded learner (stages.train.fsdp) sets its own."""
         self._pinned: torch.device | None = None
+        self.passes = Passes(spec, policy, lambda: self.device)
+        """The policy's forward passes over an update's rows (stages.train.passes)."""
         self.optimizer = self._new_optimizer()
         self._placed = placing.placement(self._trained())
         if spec.gradient_checkpointing:
@@ -191,7 +162,7 @@ class GRPOLearner:
         use_prox = spec.tis_cap is not None and bool(off.any())
         use_entropy = ratio is not None and ratio < 1.0
         forward = [i for i in range(len(rows)) if use_entropy or (use_prox and off[i])]
-        prox, entropy = self._no_grad_pass(prompts, completions, forward, use_entropy)
+        prox, entropy = self.passes.no_grad(prompts, completions, forward, use_entropy)
         row_adv = [float(adv[i]) for i in rows]
         masks = (loss_masks.selected_masks(hint, row_adv, entropy, ratio, spec.token_selector)
                  if use_entropy else hint)
@@ -257,7 +228,7 @@ class GRPOLearner:
             if part is None:
                 self._idle(work)
                 continue
-            new, mask, entropy = self._forward(work, part, grad=True)
+            new, mask, entropy = self.passes.forward(work, part, grad=True)
             loss, stats = work_rows.micro_loss(
                 work, part, new, entropy, denominator=denominator, max_tokens=norm,
                 clip_low=spec.clip_low, clip_high=spec.clip_high,
@@ -277,65 +248,18 @@ class GRPOLearner:
     def _idle(self, work: Work) -> None:
         """A micro-batch of zero loss (a forward and backward of the first row times 0):
         what a process with no rows left runs while the others train (stages.train.ranks)."""
-        new, mask, _ = self._forward(work, [0], grad=True, entropy=False)
+        new, mask, _ = self.passes.forward(work, [0], grad=True, entropy=False)
         (torch.where(mask, new, torch.zeros_like(new)).sum() * 0.0).backward()
 
     def _micro_batches(self, work: Work, subset: list[int] | None = None) -> list[list[int]]:
-        idx = list(range(len(work.prompts))) if subset is None else subset
-        if tuple(idx) not in work.plans:  # one plan per update and subset of rows
-            runs = plan([work.prompts[i] for i in idx], [work.completions[i] for i in idx],
-                        max_rows=self.spec.micro_batch, max_tokens=self.spec.micro_batch_tokens,
-                        shares_prefix=not self.spec.gradient_checkpointing,
-                        model=self.policy.model)
-            work.plans[tuple(idx)] = [[idx[j] for j in run] for run in runs]
-        return work.plans[tuple(idx)]
-
-    def _forward(self, work: Work, part: list[int], *, grad: bool,
-                 entropy: bool | None = None, model: Any = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(logprobs, mask, entropy or None) of the rows ``part``."""
-        model = self.policy.model if model is None else model
-        want = self.spec.entropy_coef > 0 if entropy is None else entropy
-        args = (model, [work.prompts[i] for i in part], [work.completions[i] for i in part],
-                self.spec.temperature, self.policy.tokenizer.pad_token_id)
-        with torch.set_grad_enabled(grad), autocast(self.spec.precision, self.device):
-            if want:
-                return sequence_logprobs_entropy(*args, entropy=token_entropy)
-            return (*sequence_logprobs(*args), None)
+        """The micro-batches of ``subset`` of ``work``'s rows (all when None)."""
+        return self.passes.micro_batches(work, subset)
 
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]],
                  temperature: float) -> list[list[float]]:
         """Teacher-forced ``log_softmax(logits / T)`` of each completion token at the
         current weights (gfcr.core.services.Learner.logprobs)."""
-        work = Work(prompts=prompts, completions=completions)
-        out: list[list[float]] = [[] for _ in prompts]
-        rows = [i for i, c in enumerate(completions) if c]
-        with torch.set_grad_enabled(False):
-            for part in self._micro_batches(work, rows) if rows else []:
-                args = (self.policy.model, [prompts[i] for i in part],
-                        [completions[i] for i in part], temperature,
-                        self.policy.tokenizer.pad_token_id)
-                lp, _ = sequence_logprobs(*args)
-                for j, i in enumerate(part):
-                    out[i] = lp[j, :len(completions[i])].float().cpu().tolist()
-        return out
-
-    def _no_grad_pass(self, prompts: list[list[int]], completions: list[list[int]],
-                      rows: list[int], entropy: bool
-                      ) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
-        """Proximal logprobs (current weights, before the update) of ``rows`` and, when
-        ``entropy``, every row's token entropies."""
-        work = Work(prompts=prompts, completions=completions)
-        prox: dict[int, np.ndarray] = {}
-        ent: list[np.ndarray] = [np.zeros(len(c)) for c in completions]
-        for part in self._micro_batches(work, rows) if rows else []:
-            lp, _, h = self._forward(work, part, grad=False, entropy=entropy)
-            for j, i in enumerate(part):
-                n = len(completions[i])
-                prox[i] = lp[j, :n].float().cpu().numpy()
-                if h is not None:
-                    ent[i] = h[j, :n].float().cpu().numpy()
-        return prox, ent
+        return self.passes.teacher_forced(prompts, completions, temperature)
 
     def _reference_logprobs(self, work: Work) -> list[np.ndarray]:
         """Logprobs of every row under the frozen reference (made at the first update;
@@ -343,14 +267,7 @@ class GRPOLearner:
         lora = self.lora if self.lora is not None and self.lora.active else None
         if self.reference is None and lora is None:
             self.reference = self.ranks.frozen_copy(self.policy.model)
-        out: list[np.ndarray] = [np.zeros(0)] * len(work.prompts)
-        for part in self._micro_batches(work):
-            with lora.reference() if lora is not None else contextlib.nullcontext():
-                lp, _, _ = self._forward(work, part, grad=False, entropy=False,
-                                         model=None if lora else self.reference)
-            for j, i in enumerate(part):
-                out[i] = lp[j, :len(work.completions[i])].float().cpu().numpy()
-        return out
+        return self.passes.reference(work, self.reference, lora)
 
     # ------------------------------------------------------------------ state
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from gfcr.cli import accuracy_rows
+from gfcr.commands.summary import accuracy_rows
 from gfcr.commands.warnings_log import warnings_to_log
 from gfcr.report import load_runs
 from gfcr.report.headline import ends, headline, shares

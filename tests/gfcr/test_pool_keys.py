@@ -76,7 +76,7 @@ def test_a_worker_resolves_only_the_code_on_its_list(monkeypatch: pytest.MonkeyP
 def test_a_worker_admits_a_signed_call_once_with_its_files_in_its_runs_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gfcr.transport.remote import guard
-    from gfcr.transport.remote.call import Refused
+    from gfcr.transport.remote.call import CallRefused
 
     key = load_key(new_key(tmp_path / "k"))
     monkeypatch.setattr(guard, "_KEY", [key])
@@ -84,19 +84,19 @@ def test_a_worker_admits_a_signed_call_once_with_its_files_in_its_runs_folder(
     monkeypatch.setattr(refs, "_ALLOWED", None)
     staging = tmp_path / "staging" / "r" / "remote"
     call = _call(rows=str(staging / "rows.parquet"), out=str(staging / "out.parquet"))
-    with pytest.raises(Refused, match="staging folder .* is missing"):  # its run has ended
+    with pytest.raises(CallRefused, match="staging folder .* is missing"):  # its run has ended
         guard.admit("score", call, sign("score", call, key), "w", "t1")
     staging.mkdir(parents=True)
     guard.admit("score", call, sign("score", call, key), "w", "t1")
     guard.admit("score", call, sign("score", call, key), "w", "t1")  # delivered again
-    with pytest.raises(Refused, match="a replayed call"):  # another task run, same call
+    with pytest.raises(CallRefused, match="a replayed call"):  # another task run, same call
         guard.admit("score", call, sign("score", call, key), "w", "t2")
     for bad in (dict(out=str(tmp_path / "out.parquet")),
                 dict(rows=str(tmp_path / "rows.parquet")),
                 dict(out=str(staging / ".." / "remote" / "x.parquet")),
                 dict(out=str(staging / "out.sh"))):
         other = _call(**{"rows": call.rows, "out": call.out, **bad})
-        with pytest.raises(Refused, match="staging folder|not a file of its staging"):
+        with pytest.raises(CallRefused, match="staging folder|not a file of its staging"):
             guard.admit("score", other, sign("score", other, key), "w", "t3")
     (tmp_path / "elsewhere").mkdir()
     linked = tmp_path / "staging" / "l" / "remote"
@@ -104,8 +104,8 @@ def test_a_worker_admits_a_signed_call_once_with_its_files_in_its_runs_folder(
     linked.symlink_to(tmp_path / "elsewhere")
     via_link = _call(run_id="l", rows=str(linked / "rows.parquet"),
                      out=str(linked / "out.parquet"))
-    with pytest.raises(Refused, match="reached through a link"):
+    with pytest.raises(CallRefused, match="reached through a link"):
         guard.admit("score", via_link, sign("score", via_link, key), "w", "t4")
     expired = _call(rows=call.rows, out=str(staging / "late.parquet"), expires=1.0)
-    with pytest.raises(Refused, match="expired"):
+    with pytest.raises(CallRefused, match="expired"):
         guard.admit("score", expired, sign("score", expired, key), "w", "t5")

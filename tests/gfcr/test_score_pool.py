@@ -18,7 +18,7 @@ import pytest
 
 from gfcr.launch.placement import Placement
 from gfcr import execute
-from gfcr.transport.remote.call import Refused, code_hash
+from gfcr.transport.remote.call import CallRefused, code_hash
 from gfcr.transport.remote.pool import NoEngineWorker, WorkerPool
 from stages import Verify
 from store import RolloutStore
@@ -155,10 +155,10 @@ def test_a_worker_on_other_code_refuses_naming_both_hashes(tmp_path: Path) -> No
     right = _score_call(tmp_path, "r", Verify(scorer="exact"), rollouts(["g"]))
     call = right.model_copy(update={"code_hash": "0123456789abcdef",
                                     "spec_hash": "fedcba9876543210"})
-    with pytest.raises(Refused, match=f"worker code {code_hash()}, run code 0123456789abcdef"):
+    with pytest.raises(CallRefused, match=f"worker code {code_hash()}, run code 0123456789abcdef"):
         run_score(call)
     same_code = call.model_copy(update={"code_hash": code_hash()})
-    with pytest.raises(Refused, match=r"worker spec [0-9a-f]{16}, run spec fedcba9876543210"):
+    with pytest.raises(CallRefused, match=r"worker spec [0-9a-f]{16}, run spec fedcba9876543210"):
         run_score(same_code)
     assert not Path(call.out).exists()
     assert run_score(right)["rows"] == 1 and Path(right.out).exists()

@@ -12,7 +12,7 @@ Two hashes check that run and worker agree. ``code_hash`` is the hash of the gfc
 and store sources the run was started with; ``spec_hash`` the hash of the configs as the
 run validated them. A worker recomputes both on its side (re-validating the configs with
 its own classes) and refuses a call whose hashes differ from its own, naming both
-(:class:`Refused`). Anyone can recompute them, so they authenticate nothing: the run
+(:class:`CallRefused`). Anyone can recompute them, so they authenticate nothing: the run
 signs each call with its pool's key, and the worker checks that signature and where the
 call's files are before anything else (:mod:`gfcr.transport.remote.keys`,
 :mod:`gfcr.transport.remote.guard`).
@@ -37,7 +37,7 @@ POOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 CODE_PACKAGES = ("gfcr", "stages", "store")
 
 
-class Refused(RuntimeError):
+class CallRefused(RuntimeError):
     """A pool's worker will not run a call made on other code or other specs."""
 
     gfcr_retry = False  # the same worker refuses again (gfcr.transport.executors)

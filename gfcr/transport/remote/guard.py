@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.config import refs
-from gfcr.transport.remote.call import Refused
+from gfcr.transport.remote.call import CallRefused
 from gfcr.transport.remote.keys import signed_by
 
 WITHDRAWN = ".withdrawn"
@@ -47,21 +47,21 @@ def hold_key(key: bytes) -> None:
 
 
 def admit(kind: str, call: Any, mac: str, worker: str, task_run: str = "") -> None:
-    """Refused unless ``call`` may run here (the module's rules 1 to 4); ``task_run``:
+    """CallRefused unless ``call`` may run here (the module's rules 1 to 4); ``task_run``:
     the task run delivering it (Prefect may deliver one task run twice; another task run
     with the same signed call is a replay)."""
     if not _KEY:
-        raise Refused(f"engine worker {worker} holds no pool key: it runs no calls")
+        raise CallRefused(f"engine worker {worker} holds no pool key: it runs no calls")
     if not mac or not signed_by(kind, call, mac, _KEY[0]):
-        raise Refused(f"engine worker {worker}: the {kind} call {call.name!r} is not signed "
-                      "with this pool's key (a run of the pool signs its calls with the "
-                      "key file both name); refused without reading it")
+        raise CallRefused(f"engine worker {worker}: the {kind} call {call.name!r} is not signed "
+                          "with this pool's key (a run of the pool signs its calls with the "
+                          "key file both name); refused without reading it")
     if call.expires is not None and time.time() > call.expires + SKEW_S:
-        raise Refused(f"engine worker {worker}: the {kind} call {call.name!r} expired at "
-                      f"{call.expires:.0f} (its run stopped waiting for it)")
+        raise CallRefused(f"engine worker {worker}: the {kind} call {call.name!r} expired at "
+                          f"{call.expires:.0f} (its run stopped waiting for it)")
     if _SEEN.get(mac, task_run) != task_run:
-        raise Refused(f"engine worker {worker}: the {kind} call {call.name!r} ran here "
-                      "before (a replayed call)")
+        raise CallRefused(f"engine worker {worker}: the {kind} call {call.name!r} ran here "
+                          "before (a replayed call)")
     _SEEN[mac] = task_run
     while len(_SEEN) > SEEN:
         _SEEN.popitem(last=False)
@@ -71,23 +71,23 @@ def admit(kind: str, call: Any, mac: str, worker: str, task_run: str = "") -> No
 
 
 def staging(call: Any) -> Path:
-    """The run's staging folder the call's files are in; Refused when a file it names
+    """The run's staging folder the call's files are in; CallRefused when a file it names
     is elsewhere, a link, or the folder is missing (see the module)."""
     folder = Path(call.out).parent
     if not (folder.name == "remote" and folder.parent.name == call.run_id
             and folder.parent.parent.name == "staging"):
-        raise Refused(f"call {call.name!r}: its output {call.out!r} is not in a run's "
-                      f"staging folder (ROOT/staging/{call.run_id}/remote/)")
+        raise CallRefused(f"call {call.name!r}: its output {call.out!r} is not in a run's "
+                          f"staging folder (ROOT/staging/{call.run_id}/remote/)")
     if folder.is_symlink() or not folder.is_dir() or folder.resolve() != folder.absolute():
-        raise Refused(f"call {call.name!r}: staging folder {str(folder)!r} is missing or "
-                      "reached through a link (its run has ended, or the call is not a "
-                      "run's)")
+        raise CallRefused(f"call {call.name!r}: staging folder {str(folder)!r} is missing or "
+                          "reached through a link (its run has ended, or the call is not a "
+                          "run's)")
     for path in (call.out, call.rows, call.out + ".beat"):
         here = Path(path)
         if here.parent != folder or here.is_symlink() or not here.name.endswith(
                 (".parquet", ".beat")) or here.name.startswith("."):
-            raise Refused(f"call {call.name!r}: {path!r} is not a file of its staging "
-                          f"folder {str(folder)!r}")
+            raise CallRefused(f"call {call.name!r}: {path!r} is not a file of its staging "
+                              f"folder {str(folder)!r}")
     return folder
 
 

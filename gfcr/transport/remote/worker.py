@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from gfcr.transport.remote.call import (Refused, ScoreCall, check_pool, code_hash, read_parquet,
-                                        spec_hash, write_parquet)
+from gfcr.transport.remote.call import (CallRefused, ScoreCall, check_pool, code_hash,
+                                        read_parquet, spec_hash, write_parquet)
 from gfcr.transport.remote.guard import admit, withdrawn
 
 log = logging.getLogger("gfcr.engine_worker")
@@ -45,9 +45,9 @@ WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 def _same_code(run_id: str, theirs: str) -> None:
     if theirs != code_hash():
-        raise Refused(f"engine worker {WORKER} runs other code than run {run_id!r}: "
-                      f"worker code {code_hash()}, run code {theirs}; start the "
-                      "worker from the same gfcr, stages and store")
+        raise CallRefused(f"engine worker {WORKER} runs other code than run {run_id!r}: "
+                          f"worker code {code_hash()}, run code {theirs}; start the "
+                          "worker from the same gfcr, stages and store")
 
 
 @contextmanager
@@ -144,7 +144,7 @@ _SCORERS: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
 
 def _scorer(call: ScoreCall) -> tuple[Any, Any]:
     """The call's stage and task, rebuilt from their configs once per (stage, task) and
-    kept (a verifier's sandbox or compiled pattern is built once); Refused when this
+    kept (a verifier's sandbox or compiled pattern is built once); CallRefused when this
     worker reads the configs differently from the run."""
     from gfcr.core.registry import lookup
 
@@ -153,8 +153,8 @@ def _scorer(call: ScoreCall) -> tuple[Any, Any]:
         task = lookup("task", call.task["type"]).model_validate(call.task)
         mine = spec_hash(stage.model_dump(mode="json"), task.model_dump(mode="json"))
         if mine != call.spec_hash:
-            raise Refused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
-                          f"differently: worker spec {mine}, run spec {call.spec_hash}")
+            raise CallRefused(f"engine worker {WORKER} reads run {call.run_id!r}'s configs "
+                              f"differently: worker spec {mine}, run spec {call.spec_hash}")
         while len(_SCORERS) >= 8:
             _SCORERS.popitem(last=False)
         _SCORERS[call.spec_hash] = (stage, task)
