@@ -121,9 +121,13 @@ def read_exact(fd: int, n: int, deadline: float | None = None,
 
 
 def _ready(fd: int, deadline: float | None, *, write: bool) -> bool:
+    """Whether ``fd`` can be written (or read, or has hung up) before ``deadline``; poll,
+    not select, so a descriptor numbered past select's 1,024 (a process holding many
+    files, as an engine's does) works too."""
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-    rlist, wlist = ([], [fd]) if write else ([fd], [])
-    return any(select.select(rlist, wlist, [], left))
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(None if left is None else left * 1000.0))
 
 
 # ------------------------------------------------------------------ authentication
