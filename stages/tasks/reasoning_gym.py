@@ -21,6 +21,7 @@ import math_verify
 import pyarrow as pa
 import reasoning_gym
 from pydantic import Field, PrivateAttr, model_validator
+from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import DATASETS
 
 from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
@@ -55,7 +56,9 @@ class ReasoningGym(Spec):
     """The reasoning-gym dataset's name (``reasoning_gym.factory.DATASETS``)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of ``reasoning_gym.create_dataset`` (not seed or size); a key left
-    out takes the dataset's own default, so ``{}`` is the dataset as reasoning-gym ships it."""
+    out takes the dataset's own default, so ``{}`` is the dataset as reasoning-gym ships it.
+    ``composite`` mixes datasets: ``{"datasets": [{"name": ..., "weight": ..., "config":
+    {...}}, ...]}``; its rows' ``task`` column names the member dataset each was drawn from."""
     train_size: int = Field(4000, ge=1, le=_MAX_PROMPTS)
     """Distinct training prompts drawn."""
     heldout_size: int = Field(256, ge=1, le=_MAX_PROMPTS)
@@ -88,7 +91,8 @@ class ReasoningGym(Spec):
         return {"train": self.train_size, "heldout": self.heldout_size}
 
     def _dataset(self, seed: int, size: int) -> Any:
-        return reasoning_gym.create_dataset(self.dataset, **self.config, seed=seed, size=size)
+        return reasoning_gym.create_dataset(self.dataset, **_specs(self.config), seed=seed,
+                                            size=size)
 
     def train_prompts(self) -> pa.Table:
         """``train_size`` distinct prompts drawn under ``seed`` (PROMPT_SCHEMA)."""
@@ -149,13 +153,32 @@ class ReasoningGym(Spec):
             since_new = 0
             self._cache.setdefault("entries", {})[pid] = entry
             reference = entry.get("answer")  # None: the scorer checks a solution's validity
-            rows.append({"prompt_id": pid, "task": self.dataset, "prompt": entry["question"],
+            rows.append({"prompt_id": pid, "task": _source(self.dataset, entry),
+                         "prompt": entry["question"],
                          "answer": None if reference is None else str(reference),
                          "meta": json.dumps(entry, default=str)})
             if len(rows) == size:
                 return rows
         raise ValueError(f"{field}={size!r}: {self.dataset!r} with config {self.config!r} gave "
                          f"only {len(rows)} distinct new prompts in {limit} draws")
+
+
+def _specs(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with a composite's ``datasets`` (JSON objects ``{"name", "weight",
+    "config"}``, as a spec file holds them) made reasoning-gym's ``DatasetSpec``s."""
+    mixed = config.get("datasets")
+    if not isinstance(mixed, list):
+        return config
+    specs = [d if isinstance(d, DatasetSpec) else DatasetSpec(**d) for d in mixed]
+    return {**config, "datasets": specs}
+
+
+def _source(dataset: str, entry: dict[str, Any]) -> str:
+    """The ``task`` column of a drawn entry: a composite's member dataset (so per-task
+    views split a mixture), else the dataset's name."""
+    if dataset != "composite":
+        return dataset
+    return str(entry.get("metadata", {}).get("source_dataset", dataset))
 
 
 # --------------------------------------------------------------------------- jsonl

@@ -66,6 +66,31 @@ def test_config_errors_name_the_field():
         small.train_prompts()
 
 
+MIX = {"datasets": [
+    {"name": "number_sorting", "weight": 0.7, "config": {"min_numbers": 3, "max_numbers": 4}},
+    {"name": "word_sorting", "weight": 0.3, "config": {"min_words": 3, "max_words": 4}}]}
+
+
+def test_composite_mixes_datasets_from_plain_config():
+    task = ReasoningGym(dataset="composite", config=MIX, train_size=40, heldout_size=10)
+    rows = task.train_prompts().to_pylist() + task.heldout_prompts().to_pylist()
+    assert {r["task"] for r in rows} == {"number_sorting", "word_sorting"}
+    assert all(r["prompt_id"] == prompt_id("composite", r["prompt"]) for r in rows)
+    for row in rows[:6]:  # each member's own scorer, through the mixture
+        assert task.score(row["answer"], row["answer"], row["meta"]) == 1.0
+        assert task.score("[]", row["answer"], row["meta"]) < 1.0
+    assert ReasoningGym.model_validate(task.model_dump()).train_prompts().equals(
+        task.train_prompts())  # the spec round-trips as plain data
+
+
+def test_composite_config_errors_name_the_member():
+    with pytest.raises(ValidationError, match="invalid for 'composite'.*'nam'"):
+        ReasoningGym(dataset="composite", config={"datasets": [{"nam": "chain_sum"}]})
+    with pytest.raises(ValidationError, match="invalid for 'composite'"):
+        ReasoningGym(dataset="composite", config={"datasets": [
+            {"name": "no_such_task", "weight": 1.0, "config": {}}]})
+
+
 # --------------------------------------------------------------------------- jsonl
 
 
