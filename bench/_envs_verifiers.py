@@ -93,14 +93,15 @@ class TwoTries(vf.Env[TwoTriesConfig]):
 __all__ = ["SumTaskset", "TwoTries"]
 
 
-def _runs() -> Any:
-    if "_runs" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name(
-            "_runs.py"))
+def _sibling(name: str) -> Any:
+    """A helper module beside this one, loaded by path (this folder is off sys.path)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(
+            f"{name}.py"))
         assert spec is not None and spec.loader is not None
-        sys.modules["_runs"] = module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    return sys.modules["_runs"]
+    return sys.modules[name]
 
 
 def _pipeline(seed: int, steps: int, batch: int, n: int, lr: float, cache: Path) -> Any:
@@ -114,7 +115,8 @@ def _pipeline(seed: int, steps: int, batch: int, n: int, lr: float, cache: Path)
         name="bench-verifiers", seed=seed, steps=steps, policy=policy,
         engine=HF(device="cpu"),
         task=VerifiersTask(module=_MODULE, args={"split": "train"}),
-        warmstart=_runs().SharedWarmStart(sft=load("default").warmstart, cache=str(cache)),
+        warmstart=_sibling("_runs").SharedWarmStart(sft=load("default").warmstart,
+                                                    cache=str(cache)),
         evaluation=Evaluation(size=16, max_tokens=8),
         checkpoint={"every": steps},
         stages=[UniformSampler(batch=batch),
@@ -127,15 +129,8 @@ def heldout(p: Any, weights: Path | None, eval_size: int) -> float:
     """Greedy held-out episode success with ``weights`` (None: the warm start)."""
     import pyarrow as pa
     from gfcr.core.rollout import PROMPT_SCHEMA, prompt_id
-    from gfcr.core.stage import StepContext
-    from stages import HF, VerifiersEnv
+    from stages import VerifiersEnv
 
-    policy = p.policy.build(seed=0)
-    if weights is None:
-        p.warmstart.run(policy, p.task, seed=0, cache_dir=Path("unused"))
-    else:
-        policy.load_weights(weights)
-    engine = HF(device="cpu").build(policy, seed=0)
     stage = VerifiersEnv(module=_MODULE, args={"split": "heldout"}, n=1, max_tokens=8,
                          max_turns=2, temperature=0.0)
     tasks = [t for t in stage._env.taskset][:eval_size]
@@ -143,8 +138,7 @@ def heldout(p: Any, weights: Path | None, eval_size: int) -> float:
         [{"prompt_id": prompt_id(_MODULE, t.data.prompt), "task": _MODULE,
           "prompt": t.data.prompt, "answer": t.data.answer,
           "meta": json.dumps({"vf_idx": t.data.idx})} for t in tasks], schema=PROMPT_SCHEMA)
-    ctx = StepContext(run_id="heldout", step=0, seed=0, policy_version=0, task=p.task)
-    rows = stage.generate(ctx, plan, engine, None).to_pylist()
+    rows = _sibling("_runs").heldout_rows(p, weights, stage, plan)
     return statistics.mean(float((r["reward"] or 0.0) > 0) for r in rows)
 
 
@@ -153,9 +147,7 @@ def verifiers_gain(seeds: int, *, steps: int = 10, batch: int = 16, n: int = 8,
                    cache: Path = Path(".gfcr/cache")) -> dict[str, Any]:
     """Held-out success gain (points) of GRPO in the two-tries environment over its warm
     start, over ``seeds`` seeds: ``verifiers_gain``, ``verifiers_gain_se`` and details."""
-    from gfcr.launch.run import execute
-    from gfcr.checkpoints.checkpoint import directory, latest
-
+    shared = _sibling("_runs")
     started = time.perf_counter()
     warm = heldout(_pipeline(0, steps, batch, n, lr, cache), None, eval_size)
     gains, runs = [], []
@@ -163,18 +155,16 @@ def verifiers_gain(seeds: int, *, steps: int = 10, batch: int = 16, n: int = 8,
         for seed in range(seeds):
             p, root = _pipeline(seed, steps, batch, n, lr, cache), Path(tmp) / str(seed)
             t0 = time.perf_counter()
-            summary = execute(p, root=root, executor="local")
-            ckpt = latest(directory(root, summary.run_id))
-            assert ckpt is not None and ckpt.step == steps - 1, ckpt
-            after = heldout(p, ckpt.path / "model.safetensors", eval_size)
+            summary, weights = shared.last_weights(p, root)
+            after = heldout(p, weights, eval_size)
             gains.append(100.0 * (after - warm))
             runs.append({"seed": seed, "success": after, "seconds": time.perf_counter() - t0,
                          "train_reward_first": summary.history[0].get("reward_mean"),
                          "train_reward_last": summary.history[-1].get("reward_mean")})
             print(f"  verifiers seed {seed}: {warm:.3f} -> {after:.3f} "
                   f"({runs[-1]['seconds']:.0f}s)", file=sys.stderr)
-    sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
-    return {"verifiers_gain": statistics.mean(gains), "verifiers_gain_se": sd / len(gains) ** 0.5,
+    mean, _, se = shared.spread(gains)
+    return {"verifiers_gain": mean, "verifiers_gain_se": se,
             "verifiers_warm_start": warm, "verifiers_gains": gains, "verifiers_runs": runs,
             "verifiers_settings": {"steps": steps, "batch": batch, "n": n, "lr": lr,
                                    "eval_size": eval_size},

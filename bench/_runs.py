@@ -1,6 +1,8 @@
 """What bench/efficiency.py and bench/learning.py share: every configuration and seed
 starts from one cached warm start, runs a shrunk pipeline in-process, and reports its
-held-out accuracy curve.
+held-out accuracy curve. And what bench/agentic.py and bench/_envs_verifiers.py share:
+a trained run's last weights, greedy held-out episodes on the HF engine with them (or
+with the warm start), and a gain's spread over seeds.
 
 Loaded by path from the scripts beside it (``bench/`` is taken off ``sys.path`` because
 bench/store.py would shadow the ``store`` package).
@@ -9,6 +11,7 @@ bench/store.py would shadow the ``store`` package).
 
 import hashlib
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -72,6 +75,43 @@ def run_curve(pipeline: Pipeline, root: Path) -> dict[str, Any]:
     return {"history": summary.history, "curve": curve, "accuracy_start": curve[0][1],
             "accuracy_final": summary.accuracy_after, "steps": summary.steps,
             "run_seconds": time.perf_counter() - started}
+
+
+def last_weights(pipeline: Pipeline, root: Path) -> tuple[Any, Path]:
+    """Run ``pipeline`` in-process under ``root`` (it checkpoints at its last step): its
+    summary and the weights file of that last checkpoint."""
+    from gfcr.checkpoints.checkpoint import directory, latest
+
+    summary = execute(pipeline, root=root, executor="local")
+    ckpt = latest(directory(root, summary.run_id))
+    assert ckpt is not None and ckpt.step == pipeline.steps - 1, ckpt
+    return summary, ckpt.path / "model.safetensors"
+
+
+def heldout_rows(pipeline: Pipeline, weights: Path | None, stage: Any,
+                 prompts: Any) -> list[dict[str, Any]]:
+    """``stage``'s rows for ``prompts`` on the HF engine, the policy with ``weights``
+    (None: ``pipeline``'s warm start): held-out episodes, run the same way for every
+    checkpoint measured."""
+    from gfcr.core.stage import StepContext
+    from stages import HF
+
+    policy = pipeline.policy.build(seed=0)
+    if weights is None:
+        pipeline.warmstart.run(policy, pipeline.task, seed=0, cache_dir=Path("unused"))
+    else:
+        policy.load_weights(weights)
+    engine = HF(device="cpu").build(policy, seed=0)
+    ctx = StepContext(run_id="heldout", step=0, seed=0, policy_version=0, task=pipeline.task)
+    rows: list[dict[str, Any]] = stage.generate(ctx, prompts, engine, None).to_pylist()
+    return rows
+
+
+def spread(gains: list[float]) -> tuple[float, float, float]:
+    """The mean of per-seed ``gains``, their standard deviation (0 for one seed) and the
+    mean's standard error ``sd / sqrt(seeds)``."""
+    sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+    return statistics.mean(gains), sd, sd / len(gains) ** 0.5
 
 
 def all_runs(names: list[str], seeds: int, one_run: Callable[[str, int, Path], dict[str, Any]],

@@ -36,10 +36,7 @@ _spec.loader.exec_module(_runs)
 
 from gfcr import Pipeline  # noqa: E402
 from gfcr.core.loading import load  # noqa: E402
-from gfcr.core.stage import StepContext  # noqa: E402
-from gfcr.launch.run import execute  # noqa: E402
-from gfcr.checkpoints.checkpoint import directory, latest  # noqa: E402
-from stages import HF, Episodes  # noqa: E402
+from stages import Episodes  # noqa: E402
 
 ENGINES = {"hf": [], "vllm": ["engine=vllm"]}
 """Engine name -> overrides of the agentic pipeline."""
@@ -66,17 +63,9 @@ def heldout(p: Pipeline, weights: Path | None, eval_size: int) -> dict[str, floa
     """Greedy held-out episodes on the HF engine with ``weights`` (None: the warm start):
     success (either try right), first-try accuracy, and the second try's success among
     the episodes whose first answer was wrong."""
-    policy = p.policy.build(seed=0)
-    if weights is None:
-        p.warmstart.run(policy, p.task, seed=0, cache_dir=Path("unused"))
-    else:
-        policy.load_weights(weights)
-    engine = HF(device="cpu").build(policy, seed=0)
     stage = next(s for s in p.stages if isinstance(s, Episodes))
     greedy = stage.model_copy(update={"n": 1, "temperature": 0.0})
-    prompts = p.task.heldout_prompts().slice(0, eval_size)
-    ctx = StepContext(run_id="heldout", step=0, seed=0, policy_version=0, task=p.task)
-    rows = greedy.generate(ctx, prompts, engine, None).to_pylist()
+    rows = _runs.heldout_rows(p, weights, greedy, p.task.heldout_prompts().slice(0, eval_size))
     first = [r for r in rows if r["turns"][1]["reward"] == 1.0]
     retried = [r for r in rows if r["n_turns"] == 2]
     return {"success": statistics.mean(float((r["reward"] or 0) > 0) for r in rows),
@@ -88,10 +77,8 @@ def heldout(p: Pipeline, weights: Path | None, eval_size: int) -> dict[str, floa
 def one_run(engine: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     p = pipeline(engine, seed, args)
     started = time.perf_counter()
-    summary = execute(p, root=root / f"{engine}-{seed}", executor="local")
-    ckpt = latest(directory(root / f"{engine}-{seed}", summary.run_id))
-    assert ckpt is not None and ckpt.step == args.steps - 1, ckpt
-    after = heldout(p, ckpt.path / "model.safetensors", args.eval_size)
+    summary, weights = _runs.last_weights(p, root / f"{engine}-{seed}")
+    after = heldout(p, weights, args.eval_size)
     history = summary.history
     return {"seed": seed, "after": after, "run_seconds": time.perf_counter() - started,
             "train_reward_first": history[0].get("reward_mean"),
@@ -101,9 +88,8 @@ def one_run(engine: str, seed: int, args: argparse.Namespace, root: Path) -> dic
 
 def summarise(start: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
     gains = [100.0 * (r["after"]["success"] - start["success"]) for r in runs]
-    sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
-    return {"gain_points": statistics.mean(gains), "gain_sd": sd,
-            "gain_se": sd / len(gains) ** 0.5, "gains": gains,
+    mean, sd, se = _runs.spread(gains)
+    return {"gain_points": mean, "gain_sd": sd, "gain_se": se, "gains": gains,
             "success_after": statistics.mean(r["after"]["success"] for r in runs),
             "first_try_after": statistics.mean(r["after"]["first_try"] for r in runs),
             "second_try_after": statistics.mean(r["after"]["second_try"] for r in runs),

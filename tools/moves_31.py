@@ -92,7 +92,6 @@ RENAMES: dict[tuple[str, str], str] = {
     # one name, one thing (review 1.4): the other class of each name keeps it
     ("stages.generate._calls", "Outcome"): "CallOutcome",
     ("stages.envs.tools", "Call"): "ToolCall",
-    ("stages.generate.agent", "_Run"): "_AgentRun",
     ("gfcr.ui.context", "Context"): "PageContext",
     # the train stage's learner (what ``Train.learner`` builds); gfcr.core.services.Learner
     # is the run's learner service, which owns the weights and wraps it

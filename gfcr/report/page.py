@@ -9,7 +9,7 @@ Policy forbids every fetch, so the page provably works offline.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from html import escape
 
@@ -117,23 +117,10 @@ def _per_run_charts(runs: Sequence[RunData]) -> str:
     return "".join(out)
 
 
-def _flat(data: object, prefix: str = "") -> dict[str, str]:
-    items: Iterable[tuple[object, object]]
-    if isinstance(data, dict):
-        items = data.items()
-    elif isinstance(data, list):
-        items = ((str(v.get("name") or v.get("type") or i) if isinstance(v, dict) else str(i), v)
-                 for i, v in enumerate(data))
-    else:
-        return {prefix: str(data)}
-    out: dict[str, str] = {}
-    for key, value in items:
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def _spec(runs: Sequence[RunData]) -> str:
-    specs = [_flat(yaml.safe_load(r.run["spec_yaml"]) or {}) for r in runs]
+    from gfcr.tracking.mlflow_hook import flatten  # the keys MLflow logs the spec under
+
+    specs = [flatten(yaml.safe_load(r.run["spec_yaml"]) or {}) for r in runs]
     keys = list(dict.fromkeys(k for s in specs for k in s))
     head = "".join(f"<th>{escape(r.run_id)}</th>" for r in runs)
     rows = []

@@ -23,7 +23,9 @@ from typing import Any, Iterator
 
 import pytest
 
-PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="test")
+from tests.resources import postgres
+from tests.resources.postgres import PG
+
 BIN = Path(sys.executable).parent
 POOL = "gfcr-test"
 
@@ -105,22 +107,10 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def databases() -> Iterator[dict[str, str]]:
-    psycopg2 = pytest.importorskip("psycopg2")
-    try:
-        admin = psycopg2.connect(connect_timeout=3, **PG)
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at {PG['host']}:{PG['port']} is unreachable: {exc}")
-    admin.autocommit = True
     tag = uuid.uuid4().hex[:10]
     names = {kind: f"gfcr_{kind}_{tag}" for kind in ("prefect", "mlflow", "store")}
-    for name in names.values():
-        admin.cursor().execute(f"CREATE DATABASE {name}")
-    try:
+    with postgres.created(list(names.values())):
         yield {kind: f"postgres@{PG['host']}:{PG['port']}/{name}" for kind, name in names.items()}
-    finally:
-        for name in names.values():
-            admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
 
 
 @pytest.fixture(scope="module")

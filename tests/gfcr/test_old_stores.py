@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli import app
-from gfcr.ui import serve
 from store import RolloutStore
 from store.reads import LakeRunReads
 from tests.resources import old_store
@@ -35,14 +32,6 @@ def _sql(store: str, query: str) -> list[dict]:
     done = CliRunner().invoke(app, ["sql", "--store", store, "--format", "json", query])
     assert done.exit_code == 0, (query, done.output)
     return json.loads(done.stdout)
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 @pytest.mark.parametrize("version", sorted(old_store.VERSIONS))
@@ -73,26 +62,8 @@ def test_every_read_path_reads_an_old_store_as_today_s_and_writes_nothing(
     assert RUN in (tmp_path / "report.html").read_text()
     assert pq.read_table(tmp_path / "rows.parquet").column("turns").null_count == 0
     assert pq.read_table(tmp_path / "turns.parquet").num_rows == 2 * 16 * steps
-    _pages(store)
+    old_store.check_pages(store, [*old_store.PAGES, f"/runs/{RUN}/evaluations"])
     assert _files(root) == before
-
-
-def _pages(store: str) -> None:
-    server = serve(store, port=0)
-    try:
-        base = server.url.rstrip("/")
-        for path in ["/", f"/runs/{RUN}", f"/runs/{RUN}/rollouts?kept=false", f"/api/series?runs={RUN}",
-                     f"/fragment/runs/{RUN}/doctor", f"/runs/{RUN}/evaluations"]:
-            status, body = _get(base + path)
-            assert status == 200 and "Traceback" not in body, (path, body[-500:])
-        _, listing = _get(base + f"/runs/{RUN}/rollouts")
-        rollout = listing.split(f"/runs/{RUN}/rollouts/")[1].split('"')[0]
-        status, one = _get(base + f"/runs/{RUN}/rollouts/{rollout}")
-        assert status == 200 and one.count('class="turn ') == 2
-        assert server.failures == []
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("version", sorted(old_store.VERSIONS))

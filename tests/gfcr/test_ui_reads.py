@@ -5,8 +5,6 @@ the token asked off the loopback address, and bad URL parameters named."""
 from __future__ import annotations
 
 import hashlib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from store import RolloutStore
 from store.browse import LakeBrowseReads
 from tests.resources import old_store
 from tests.resources.runs import synthetic_run
+from tests.resources.web import get
 
 
 def _digest(folder: Path) -> str:
@@ -32,33 +31,10 @@ def _digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def test_an_old_store_is_served_and_reported_as_it_is(tmp_path: Path) -> None:
     root = old_store.copy(tmp_path / "v1")
     before = _digest(root / "store")
-    server = serve(str(root / "store"), port=0)
-    try:
-        base = server.url.rstrip("/")
-        pages = ["/", f"/runs/{old_store.RUN_ID}", f"/runs/{old_store.RUN_ID}/rollouts?kept=false",
-                 f"/api/series?runs={old_store.RUN_ID}", f"/fragment/runs/{old_store.RUN_ID}/doctor"]
-        for path in pages:
-            status, body = _get(base + path)
-            assert status == 200 and "Traceback" not in body, (path, body[-500:])
-        _, listing = _get(base + f"/runs/{old_store.RUN_ID}/rollouts")
-        rollout = listing.split(f'/runs/{old_store.RUN_ID}/rollouts/')[1].split('"')[0]
-        status, one = _get(base + f"/runs/{old_store.RUN_ID}/rollouts/{rollout}")
-        assert status == 200 and one.count('class="turn ') == 2  # derived from its flat columns
-        assert server.failures == []
-    finally:
-        server.shutdown()
-        server.server_close()
+    old_store.check_pages(str(root / "store"), old_store.PAGES)
     result = CliRunner().invoke(app, ["report", old_store.RUN_ID, "--store", str(root / "store"),
                                       "--out", str(tmp_path / "r.html")])
     assert result.exit_code == 0, result.output  # not "Referenced column turns not found"
@@ -84,10 +60,10 @@ def test_off_the_loopback_address_the_token_is_asked(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        status, body = _get(f"http://127.0.0.1:{port}/")
+        status, body = get(f"http://127.0.0.1:{port}/")
         assert status == 403 and "token" in body
-        assert _get(f"http://127.0.0.1:{port}/?token=wrong")[0] == 403
-        assert _get(f"http://127.0.0.1:{port}/?token={server.token}")[0] == 200
+        assert get(f"http://127.0.0.1:{port}/?token=wrong")[0] == 403
+        assert get(f"http://127.0.0.1:{port}/?token={server.token}")[0] == 200
     finally:
         server.shutdown()
         server.server_close()
@@ -126,11 +102,11 @@ def test_gfcr_run_ui_serves_beside_the_run(tmp_path: Path, capsys) -> None:
     try:
         url = capsys.readouterr().err.split("gfcr ui: ")[1].split()[0]
         assert url.endswith("/runs/r") and url.startswith("http://127.0.0.1:")
-        assert _get(url)[0] == 503  # no store yet: a message, not a crash
+        assert get(url)[0] == 503  # no store yet: a message, not a crash
         server.ctx.close()
         with RolloutStore.open(tmp_path / "store") as s:
             synthetic_run(s, "r", [{}])
-        status, body = _get(url)
+        status, body = get(url)
         assert status == 200 and "Run r" in body
     finally:
         server.shutdown()
@@ -162,17 +138,17 @@ def test_the_evaluations_page_shows_which_prompts_a_run_flipped(tmp_path: Path) 
     server = serve(str(tmp_path / "s"), port=0)
     try:
         base = server.url.rstrip("/")
-        status, run_page = _get(base + "/runs/r")
+        status, run_page = get(base + "/runs/r")
         assert status == 200 and "/runs/r/evaluations?from=initial&amp;to=step%3D2" in run_page
-        status, body = _get(base + "/runs/r/evaluations")
+        status, body = get(base + "/runs/r/evaluations")
         assert status == 200, body[-500:]
         assert "4 prompts · correct at initial: 2 · at step=2: 2 · <b>1 fixed</b>, <b>1 broken</b>" in body
         rows = body.split('id="eval-rows"')[1].split("</tbody>")[0].split("<tr>")[1:]
         assert [r.split("<td>")[1].split("</td>")[0] for r in rows] == ["broken", "fixed", "", ""]
         assert "step=2 says 0" in rows[1] and "initial says -1" in rows[1]  # p0: wrong, then right
-        _, flipped = _get(base + "/runs/r/evaluations?flipped=1")
+        _, flipped = get(base + "/runs/r/evaluations?flipped=1")
         assert flipped.split('id="eval-rows"')[1].count("<tr>") == 2
-        status, bad = _get(base + "/runs/r/evaluations?from=step%3D9")
+        status, bad = get(base + "/runs/r/evaluations?from=step%3D9")
         assert status == 400 and "step=9" in bad and "is not an evaluation" in bad
         assert "Traceback" not in bad
         assert server.failures == []
@@ -205,10 +181,10 @@ def test_a_free_text_page_stops_at_its_cap_with_the_rows_of_a_full_scan(tmp_path
     server = serve(str(tmp_path / "store"), port=0)
     try:
         base = server.url.rstrip("/") + "/runs/text/rollouts?q=1+%2B+1"
-        status, capped_page = _get(base)
+        status, capped_page = get(base)
         assert status == 200 and "64+ rollouts match" in capped_page, capped_page[-800:]
         assert "over the newest steps 4–5" in capped_page and "count=all" in capped_page
-        status, every = _get(base + "&count=all")
+        status, every = get(base + "&count=all")
         assert status == 200 and "192 rollouts match" in every and 'id="partial"' not in every
     finally:
         server.shutdown()

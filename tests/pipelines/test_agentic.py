@@ -4,7 +4,7 @@ train on them, and the turns view reads them."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -13,7 +13,8 @@ from gfcr.launch.run import execute
 from pipelines.agentic import pipeline as agentic
 from store import RolloutStore
 from tests.pipelines.test_pipelines import _shrunk
-from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
+from tests.resources.vllm import VLLM_POLICY, LLMPool, vllm_engine_spec
+from tests.resources.vllm import llm_pool  # noqa: F401 (the fixture)
 
 
 def _check_store(root: Any, run_id: str) -> None:
@@ -57,13 +58,6 @@ def test_agentic_pipeline_runs_two_steps_on_hf_and_stores_multi_turn_rows(tmp_pa
     summary = execute(_two_steps(agentic), root=tmp_path, executor="local", run_id="agentic-hf")
     assert summary.steps == 2
     _check_store(tmp_path, "agentic-hf")
-
-
-@pytest.fixture(scope="module")
-def llm_pool() -> Iterator[LLMPool]:
-    import stages.engines.vllm as module
-
-    yield from pooled_llms(LLMPool(module._start))
 
 
 def test_agentic_pipeline_runs_two_steps_on_vllm(tmp_path: Any, llm_pool: LLMPool) -> None:

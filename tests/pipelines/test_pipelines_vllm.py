@@ -9,7 +9,7 @@ generates from the new weights."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -21,20 +21,8 @@ from tests.pipelines import golden
 from tests.pipelines.test_pipelines import HEADLINES, NEEDS_SOURCE, _shrunk
 from gfcr.core.engine import GenRequest, SamplingParams
 from stages.engines.hf_sampling import token_logprobs
-from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
-
-
-@pytest.fixture(scope="module")
-def llm_pool() -> Iterator[LLMPool]:
-    import stages.engines.vllm as module
-
-    yield from pooled_llms(LLMPool(module._start))
-
-
-@pytest.fixture(autouse=True)
-def _shared_llms(llm_pool: LLMPool) -> Iterator[None]:
-    yield
-    llm_pool.release()
+from tests.resources.vllm import VLLM_POLICY, LLMPool, vllm_engine_spec
+from tests.resources.vllm import llm_pool, shared_llms  # noqa: F401 (the fixtures)
 
 
 def _on_vllm(p: Pipeline) -> Pipeline:

@@ -35,6 +35,9 @@ VERSIONS = {"v1": 1, "v2": 2, "v3": 3}
 """Fixture folder -> the schema version of its store."""
 STEPS_OF = {"v1": 2, "v2": 3, "v3": 4}
 """Fixture folder -> the steps its run has committed."""
+PAGES = ["/", f"/runs/{RUN_ID}", f"/runs/{RUN_ID}/rollouts?kept=false",
+         f"/api/series?runs={RUN_ID}", f"/fragment/runs/{RUN_ID}/doctor"]
+"""``gfcr ui`` pages of the fixture's run that every version's store is served."""
 
 
 def root(version: str = "v1") -> Path:
@@ -47,6 +50,29 @@ def copy(to: Path, version: str = "v1") -> Path:
     stays untouched); returns ``to``."""
     shutil.copytree(root(version), to)
     return to
+
+
+def check_pages(store: str, pages: list[str]) -> None:
+    """``gfcr ui`` on ``store`` answers each of ``pages`` (paths) with 200 and no traceback,
+    shows a rollout's two turns (derived from the flat columns where the store predates
+    ``rollouts.turns``) and records no failure."""
+    from gfcr.ui import serve
+    from tests.resources.web import get
+
+    server = serve(store, port=0)
+    try:
+        base = server.url.rstrip("/")
+        for path in pages:
+            status, body = get(base + path)
+            assert status == 200 and "Traceback" not in body, (path, body[-500:])
+        _, listing = get(base + f"/runs/{RUN_ID}/rollouts")
+        rollout = listing.split(f"/runs/{RUN_ID}/rollouts/")[1].split('"')[0]
+        status, one = get(base + f"/runs/{RUN_ID}/rollouts/{rollout}")
+        assert status == 200 and one.count('class="turn ') == 2
+        assert server.failures == []
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def write(root: Path) -> None:

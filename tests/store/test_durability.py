@@ -11,10 +11,10 @@ import uuid
 import pytest
 
 from store import RolloutStore
+from tests.resources import postgres
+from tests.resources.postgres import PG
 
 from .committer import drain, start, step_rows
-
-PG = dict(host="127.0.0.1", port=5432, user="postgres", dbname="test")
 
 
 def _broken_steps(store: RolloutStore) -> list[tuple]:
@@ -98,19 +98,9 @@ def test_four_processes_create_one_store_at_once(tmp_path):
 @pytest.fixture
 def pg_database():
     """A uniquely named PostgreSQL database for one test, dropped afterwards."""
-    psycopg2 = pytest.importorskip("psycopg2")
-    try:
-        admin = psycopg2.connect(connect_timeout=3, **PG)
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at {PG['host']}:{PG['port']} is unreachable: {exc}")
-    admin.autocommit = True
     name = f"gfcr_store_{uuid.uuid4().hex[:12]}"
-    admin.cursor().execute(f"CREATE DATABASE {name}")
-    try:
+    with postgres.created([name]):
         yield f"postgresql://{PG['user']}@{PG['host']}:{PG['port']}/{name}"
-    finally:
-        admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
 
 
 @pytest.mark.postgres

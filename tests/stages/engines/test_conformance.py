@@ -16,6 +16,7 @@ from stages import HF
 from stages.engines.hf_sampling import token_logprobs
 from tests.resources.scripted import ScriptedEngine
 from tests.resources.vllm import VLLM_POLICY, vllm_engine_spec
+from tests.resources.weights import wide
 
 PROMPTS = ["1+1=", "hello world, how are", "x", "The cat sat on the"]
 SCRIPT = {"1+1=": {"2": 0.6, "3": 0.4}, "1+1=2": {" ": 0.9, "<eos>": 0.1},
@@ -35,21 +36,11 @@ class Case:
     """A weight state for ``update_weights`` that changes what the engine generates."""
 
 
-def _wide(policy: Any, seed: int) -> Any:
-    """Weights drawn wider than the default init, so greedy text varies by token."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return policy
-
-
 def _build(name: str) -> Case:
     if name == "scripted":
         return Case(name, ScriptedEngine(copy.deepcopy(SCRIPT)), 1.0, OTHER_SCRIPT)
-    donor = _wide(VLLM_POLICY.build(seed=1), seed=1).model.state_dict()
-    policy = _wide(VLLM_POLICY.build(seed=0), seed=0)
+    donor = wide(VLLM_POLICY.build(seed=1), seed=1).model.state_dict()
+    policy = wide(VLLM_POLICY.build(seed=0), seed=0)
     spec = HF(device="cpu") if name == "hf" else vllm_engine_spec()
     return Case(name, spec.build(policy, seed=0), 0.7, copy.deepcopy(donor))
 

@@ -11,6 +11,7 @@ from gfcr.core.policy import Policy
 from stages.engines.hf import HF, HFEngine
 from stages.engines.hf_sampling import batch_token_logprobs, token_logprobs
 from stages.engines.tiny import CharTokenizer, TinyLlama
+from tests.resources.weights import wide
 
 PROMPTS = ["1+1=", "hello world, how are", "x", "The cat sat on the"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -19,14 +20,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24)
 def _policy(seed: int = 0):
     """A small TinyLlama with weights drawn wider than the default init, so greedy text
     varies from token to token instead of repeating one character."""
-    policy = TinyLlama(hidden_size=64, num_layers=2, num_heads=4,
-                       intermediate_size=128).build(seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return policy
+    return wide(TinyLlama(hidden_size=64, num_layers=2, num_heads=4,
+                          intermediate_size=128).build(seed=seed), seed)
 
 
 @pytest.fixture(scope="module")

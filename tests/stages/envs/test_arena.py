@@ -5,7 +5,7 @@ that does not exist refused at build with the ids closest to it."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,7 +19,8 @@ from stages import GRPO, TextArenaEnv, UniformSampler  # noqa: E402
 from stages.envs.arena import make_game  # noqa: E402
 from store import RolloutStore  # noqa: E402
 from tests.resources.rollouts import context  # noqa: E402
-from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec  # noqa: E402
+from tests.resources.vllm import VLLM_POLICY, LLMPool, vllm_engine_spec  # noqa: E402
+from tests.resources.vllm import llm_pool  # noqa: E402, F401 (the fixture)
 from tests.stages.generate.test_episodes import bpe_engine, check_token_exact, plan  # noqa: E402
 
 GAME = {"game": "GuessTheNumber-v0", "game_options": {"max_number": 8, "max_turns": 2}}
@@ -130,13 +131,6 @@ def test_a_textarena_game_runs_two_steps_end_to_end_on_hf(tmp_path: Any) -> None
     summary = execute(_pipeline(), root=tmp_path, executor="local", run_id="arena-hf")
     assert summary.steps == 2
     _check_store(tmp_path, "arena-hf")
-
-
-@pytest.fixture(scope="module")
-def llm_pool() -> Iterator[LLMPool]:
-    import stages.engines.vllm as module
-
-    yield from pooled_llms(LLMPool(module._start))
 
 
 def test_a_textarena_game_runs_two_steps_end_to_end_on_vllm(tmp_path: Any,

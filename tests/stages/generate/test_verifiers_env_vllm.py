@@ -5,14 +5,14 @@ one started ``vllm.LLM`` (tests.resources.vllm.LLMPool)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from stages.engines.hf_sampling import token_logprobs
 from tests.resources.agents import Recording
 from tests.resources.verifiers import needs_verifiers
-from tests.resources.vllm import VLLM_POLICY, LLMPool, pooled_llms, vllm_engine_spec
+from tests.resources.vllm import VLLM_POLICY, llm_pool, shared_llms, vllm_engine_spec
 
 needs_verifiers()
 
@@ -20,20 +20,7 @@ from tests.stages.generate.test_verifiers_env import (  # noqa: E402
     _check, _generate, episodes, pipeline, trained_two_steps)
 
 POLICY = VLLM_POLICY.model_copy(update={"max_position": 1024})  # the tool's declaration
-__all__ = ["episodes"]  # the fixture, used here
-
-
-@pytest.fixture(scope="module")
-def llm_pool() -> Iterator[LLMPool]:
-    import stages.engines.vllm as module
-
-    yield from pooled_llms(LLMPool(module._start))
-
-
-@pytest.fixture(autouse=True)
-def _shared_llms(llm_pool: LLMPool) -> Iterator[None]:
-    yield
-    llm_pool.release()
+__all__ = ["episodes", "llm_pool", "shared_llms"]  # the fixtures, used here
 
 
 def test_a_multi_turn_environment_on_vllm_is_token_exact(episodes: list[Any]) -> None:
