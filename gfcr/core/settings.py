@@ -75,7 +75,8 @@ class Evaluation(Spec):
     """Held-out greedy evaluation, run before the first step, every ``every`` steps and
     after the last; with ``sampled``, also mean reward and pass@k at a temperature; with
     ``sets``, further evaluation sets. Every completion is stored (``eval_completions``).
-    ``sampled`` and ``sets`` are in the spec only when set, so older specs keep their hash."""
+    ``sampled``, ``sets`` and ``initial`` are in the spec only when set, so older specs
+    keep their hash."""
 
     size: int = Field(64, ge=1)
     """Number of held-out prompts (taken from the task's held-out split)."""
@@ -86,6 +87,11 @@ class Evaluation(Spec):
     """Sampled evaluation (mean reward, pass@k) besides greedy accuracy; None: greedy only."""
     sets: tuple[EvalSet, ...] = ()
     """Further evaluation sets, each with its own task and schedule."""
+    initial: bool = True
+    """Evaluate before the warm start too (label ``initial``); False skips it where its
+    figure is known and costly (a raw model that rambles to ``max_tokens`` on every
+    prompt), and the run's summary starts from the warm start. Without a warm start
+    there is no such evaluation either way."""
 
     @field_validator("sets", mode="before")
     @classmethod
@@ -100,8 +106,10 @@ class Evaluation(Spec):
         return self
 
     def spec(self) -> dict[str, Any]:
-        """Plain data for the pipeline spec: ``sampled`` and ``sets`` only when set."""
-        out = self.model_dump(mode="json", exclude={"sampled", "sets"})
+        """Plain data for the pipeline spec: ``sampled``, ``sets`` and ``initial`` only when set."""
+        out = self.model_dump(mode="json", exclude={"sampled", "sets", "initial"})
+        if not self.initial:
+            out["initial"] = False
         if self.sampled is not None:
             out["sampled"] = self.sampled.model_dump(mode="json")
         if self.sets:

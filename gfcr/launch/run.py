@@ -273,7 +273,8 @@ def _start(run: _Run) -> Progress:
     progress: Progress = {"accuracy_initial": None, "accuracy_start": None,
                                 "warmstart": {}, "history": []}
     if p.warmstart is not None:
-        progress["accuracy_initial"] = run.evaluate_at("initial", 0)
+        if p.evaluation.initial:
+            progress["accuracy_initial"] = run.evaluate_at("initial", 0)
         emit(run.hooks, "on_phase", phase="warmstart")
         progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
             run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",

@@ -143,3 +143,19 @@ def test_warm_start_is_measured_and_cached(tmp_path):
     assert again.accuracy_before == first.accuracy_before
     t = _rows(tmp_path, again.run_id)
     assert set(t["policy_version_start"].to_pylist()) == {1}  # the warm start is version 1
+
+
+def test_initial_evaluation_can_be_skipped_and_the_spec_keeps_its_hash(tmp_path):
+    from gfcr import Pipeline
+    from stages import SFT
+
+    p = tiny_pipeline(warmstart=SFT(steps=4, batch_size=8), steps=1)
+    assert "initial" not in p.to_dict()["evaluation"]  # older specs keep their hash
+    skip = p.with_overrides(["evaluation.initial=false"])
+    assert skip.spec_hash() != p.spec_hash()
+    assert Pipeline.from_yaml(skip.to_yaml()).evaluation.initial is False
+    summary = execute(skip, root=tmp_path, executor="local")
+    assert summary.accuracy_warmstart is None and summary.warmstart["cached"] == 0.0
+    with RolloutStore.open(tmp_path / "store", read_only=True) as s:
+        labels = s.sql("SELECT label FROM evaluations ORDER BY step").column("label")
+    assert labels.to_pylist() == ["step=0", "step=1"]
