@@ -34,6 +34,7 @@ HEADLINES = {
     "prompt_gdro": [PromptGDRO],
     "cross_run": [CrossRunReplay],
     "smol": [DynamicSampling],  # its policy (SmolLM2) is tests/stages/engines/test_smollm2.py's
+    "smol-long": [DynamicSampling],  # its composite task is test_reasoning_gym.py's
 }
 NEEDS_SOURCE = {"cross_run"}
 """Pipelines that read another store: run in their own test, with a source store."""

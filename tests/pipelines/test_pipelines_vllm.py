@@ -32,7 +32,12 @@ def _on_vllm(p: Pipeline) -> Pipeline:
     return Pipeline(**data)
 
 
-@pytest.mark.parametrize("name", ["default", *sorted(set(HEADLINES) - NEEDS_SOURCE)])
+TOO_LONG = {"smol-long"}
+"""Pipelines whose prompts (400+ bytes of sorting instructions in the tiny policy's byte
+tokens) exceed the pooled engines' 256-token context; their vLLM path is bench/real_long.py's."""
+
+
+@pytest.mark.parametrize("name", ["default", *sorted(set(HEADLINES) - NEEDS_SOURCE - TOO_LONG)])
 def test_ready_pipeline_stores_the_golden_rows_on_vllm(name: str, tmp_path: Any) -> None:
     summary = execute(_on_vllm(load(name)), root=tmp_path, executor="local",
                       run_id=golden.RUN_ID)

@@ -1,0 +1,70 @@
+"""Long answers on a real model: GRPO on SmolLM2-135M-Instruct sorting lists, on a CPU.
+
+The task is a reasoning-gym mixture (``composite``): 85% ``number_sorting`` (3-5
+integers from -99 to 99, ascending or descending, answered as a list of strings:
+``['-49.0', '12.0', '66.0']``, 25-45 tokens) and 15% ``word_sorting`` (25-35 words by
+ASCII order, 70-100 tokens), each scored by its dataset's own exact scorer. The mixture
+gives what the length-dependent operators need: a median completion of about 26 tokens
+and a long tail (p90 128 greedy after the warm start: the long lists, and the answers
+that repeat until ``max_tokens``), so APRIL's partial rollouts, overlong shaping and
+pruning have something to act on (bench/real_long.py, BENCHMARKS.md "Long answers").
+
+Why this warm start: the base model answers in sentences and repeats the prompt's
+instructions (0% on 96 held-out prompts, 96% of them cut at 128 tokens); 50 supervised
+steps of 8 reference answers (lr 5e-5, cosine) teach the list format, after which it is
+right on 17% of held-out prompts greedily (64 prompts): its usual mistake is an order
+that is almost right, so a group of 4 samples often has signal. Tried first: list
+reversal (``word_sequence_reversal``, 11-16 words; answers of 24-40 tokens with a short
+prompt): 0% after 40 warm-start steps of 16, the answers collapsing into repeated words.
+
+Why this GRPO learning rate: ``smol``'s 3e-6 moved its policy by an approx KL of about
+1e-8 a step and its gain did not hold on fresh prompts, so this takes a rate three times
+higher. It is a starting point, not yet chosen on this task's validation split
+(``bench/real_long.py --validate`` runs that choice; BENCHMARKS.md says what was tried).
+
+Cost here (2 cores): the warm start about 15 minutes at moderate load (once, cached), a
+GRPO step of 8 prompts x 4 samples of up to 128 tokens about a minute.
+"""
+
+from gfcr import Evaluation, Pipeline
+from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, SmolLM2,
+                    UniformSampler, Verify)
+
+SYSTEM = "Reply with only the sorted list."
+"""The system message (replacing the template's "You are a helpful AI assistant...")."""
+
+NUMBERS = {"min_numbers": 3, "max_numbers": 5, "min_decimals": 0, "max_decimals": 0,
+           "min_value": -99, "max_value": 99}
+WORDS = {"min_words": 25, "max_words": 35}
+MIX = {"datasets": [{"name": "number_sorting", "weight": 0.85, "config": NUMBERS},
+                    {"name": "word_sorting", "weight": 0.15, "config": WORDS}]}
+"""The mixture: mostly short lists of numbers, a tail of long lists of words."""
+
+task = ReasoningGym(dataset="composite", train_size=2000, heldout_size=256, config=MIX)
+
+MAX_TOKENS = 128
+"""Completion cap: above every reference answer (the longest of 400 drawn: 80 tokens)."""
+
+SETUP = dict(task=task, policy=SmolLM2(system=SYSTEM), engine=HF(device="cpu"),
+             warmstart=SFT(steps=50, batch_size=8, lr=5e-5, schedule="cosine"),
+             evaluation=Evaluation(size=256, max_tokens=MAX_TOKENS, initial=False))
+"""Task, policy, engine, warm start and evaluation (bench/real_long.py shares them). The
+evaluation before the warm start is skipped: the base model scores 0% (above) and
+rambles to ``max_tokens`` on every prompt, minutes of generation for a known figure."""
+
+LR = 1e-5
+"""GRPO's learning rate (see the module's docstring)."""
+
+pipeline = Pipeline(
+    name="smol-long",
+    seed=0,
+    steps=30,
+    **SETUP,
+    stages=[
+        UniformSampler(batch=8),
+        GroupSample(n=4, temperature=1.0, max_tokens=MAX_TOKENS),
+        Verify(),
+        DynamicSampling(),
+        GRPO(lr=LR, micro_batch=8),
+    ],
+)
