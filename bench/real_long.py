@@ -102,13 +102,13 @@ def _pipeline(args: argparse.Namespace, engine: str) -> Any:
 def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     """One seed of smol-long on ``engine``, in this process: accuracies, lengths, curve."""
     from gfcr.launch.run import execute
-    from store import Lake
+    from store import RolloutStore
 
     pipeline = _pipeline(args, engine)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gfcr-long-") as tmp:
         summary = execute(pipeline, root=Path(tmp), executor="local")
-        with Lake.open(summary.store, read_only=True) as lake:
+        with RolloutStore.open(summary.store, read_only=True) as lake:
             lengths = lake.sql("SELECT len(completion_ids) AS n FROM rollouts").column(
                 "n").to_pylist()
             evals = lake.sql(
