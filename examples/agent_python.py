@@ -32,7 +32,7 @@ from stages.envs.answers import same_number
 from stages.envs.python_tool import INSTRUCTIONS
 from stages.envs.tools import PYTHON, PythonTool
 
-TOOLS = [PYTHON.as_dict()]
+TOOLS: Any = [PYTHON.as_dict()]
 """The python tool as an OpenAI function tool."""
 MAX_TURNS = 2
 """Model calls per episode: a tool call, then the answer."""
@@ -58,7 +58,9 @@ def solve(client: openai.OpenAI, task: dict[str, Any]) -> tuple[float, dict[str,
                 answer = ""
             break
         for call in message.tool_calls:
-            output, error = _run(tool, call.function.name, call.function.arguments)
+            function = getattr(call, "function", None)  # (a custom tool call has none)
+            output, error = (_run(tool, function.name, function.arguments) if function
+                             else ("error: not a function call", "not a function call"))
             calls, errors = calls + 1, errors + (error is not None)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     right = same_number(answer, task.get("answer"))

@@ -49,7 +49,7 @@ def resolve(ref: str) -> Callable[[dict[str, Any]], Demonstration]:
     fn = refs.resolve(ref, "sft demonstrations")
     if not callable(fn):
         raise ValueError(f"sft demonstrations {ref!r} is not a function")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def encode(tokenizer: Any, demo: Demonstration) -> Example:
