@@ -40,10 +40,10 @@ def headline(run: RunData) -> Row:
     turns = run.turn_figures
     if any(r["policy_turns"] > 1 for r in turns):
         out.update(multi_turn(turns))
-    if run.has("tool/call_rate"):
-        out.update(tool_use(run))
     else:
         out["completion length (mean, last step)"] = f"{_last(run.get('store/length_mean')):.1f} tokens"
+    if run.has("tool/call_rate"):
+        out.update(tool_use(run))
     return out
 
 
