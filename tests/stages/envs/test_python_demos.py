@@ -19,8 +19,8 @@ from stages.endpoint._toolcalls import parse
 from stages.envs.python_demos import call_text, expression, python_call
 from stages.envs.python_tool import INSTRUCTIONS, PythonArithmetic
 from stages.envs.tools import PYTHON, parse_call
-from stages.train.sft import _examples
-from stages.train.sft_demos import encode
+from stages.train.sft import _examples, _loss_mask
+from stages.train.sft_demos import Example, encode
 from tests.resources.smol import smol_root
 
 ROW = {"prompt": "State the final answer to the following arithmetic problem: 4821 - 967 =",
@@ -82,6 +82,8 @@ def test_sft_trains_on_demonstrations_and_caches_them_apart(tmp_path: Path) -> N
                 demonstrations="stages.envs.python_demos:python_call")
     examples = _examples(policy, task, demos.demonstrations)
     assert all(not all(e.mask) and any(e.mask) for e in examples)  # the tool turn is out
+    masks = _loss_mask([Example([1], [4, 5, 6], [True, False, True]), Example([1], [4], [True])], 4)
+    assert masks.tolist() == [[1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]  # padding out too
     metrics = demos.run(policy, task, seed=0, cache_dir=tmp_path)
     assert metrics["cached"] == 0.0 and metrics["loss"] > 0
     plain = SFT(steps=2, batch_size=2, lr=1e-3)
