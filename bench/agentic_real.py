@@ -80,6 +80,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warm-steps", type=int, default=None, help="SFT steps (the pipeline's)")
     ap.add_argument("--warm-batch", type=int, default=None, help="SFT batch (the pipeline's)")
     ap.add_argument("--warm-lr", type=float, default=None, help="SFT lr (the pipeline's)")
+    ap.add_argument("--demos", default=None,
+                    help="the warm start's demonstrations, module:function (the pipeline's)")
     ap.add_argument("--smoke", action="store_true", help=f"a wiring check: {SMOKE}")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
                     help="run root whose cache holds the converted model")
@@ -116,7 +118,8 @@ def pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
         sets += ["engine=vllm", "engine.max_model_len=512"]
     data = base.with_overrides(sets).to_dict()
     sft = base.warmstart.model_copy(update={k: v for k, v in {
-        "steps": args.warm_steps, "batch_size": args.warm_batch, "lr": args.warm_lr}.items()
+        "steps": args.warm_steps, "batch_size": args.warm_batch, "lr": args.warm_lr,
+        "demonstrations": args.demos}.items()
         if v is not None})
     data["warmstart"] = _sibling("_runs").SharedWarmStart(sft=sft, cache=str(args.cache))
     return Pipeline(**{**data, "name": f"bench-agentic-real-{engine}"})

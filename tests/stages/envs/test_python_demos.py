@@ -16,7 +16,7 @@ from gfcr.core.environment import Message
 from gfcr.core.trajectory import Trajectory
 from stages import SFT, ReasoningGym, SmolLM2, TinyLlama
 from stages.endpoint._toolcalls import parse
-from stages.envs.python_demos import call_text, expression, python_call
+from stages.envs.python_demos import call_text, expression, python_call, python_half
 from stages.envs.python_tool import INSTRUCTIONS, PythonArithmetic
 from stages.envs.tools import PYTHON, parse_call
 from stages.train.sft import _examples, _loss_mask
@@ -37,6 +37,14 @@ def test_the_expression_comes_from_the_metadata_or_the_question() -> None:
     assert expression({"prompt": "What is 12 + 30 =", "meta": None}) == "12 + 30"
     with pytest.raises(ValueError, match="no arithmetic expression"):
         expression({"prompt": "Sort these words", "meta": "{}"})
+
+
+def test_half_the_demonstrations_call_the_tool_the_others_answer_at_once() -> None:
+    rows = [{**ROW, "prompt": f"What is {i} + 1000 ="} for i in range(40)]
+    demos = [python_half(r) for r in rows]
+    calls = [d for d in demos if len(d.messages) == 5]
+    assert 10 <= len(calls) <= 30 and [python_half(r) for r in rows] == demos
+    assert all(d.messages[-1] == Message("assistant", "3854") for d in demos)
 
 
 def test_a_demonstration_is_an_episodes_ids_with_the_tool_turn_masked(smol: Any) -> None:
