@@ -77,7 +77,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (the pipeline's)")
     ap.add_argument("--lr", type=float, default=None, help="GRPO lr (the pipeline's)")
-    ap.add_argument("--batch", type=int, default=8, help="prompts per step")
+    ap.add_argument("--batch", type=int, default=4, help="prompts per step (the pipeline's)")
     ap.add_argument("--n", type=int, default=4, help="episodes per prompt")
     ap.add_argument("--split", choices=["val", "test"], default="test")
     ap.add_argument("--eval-size", type=int, default=HALF, help=f"held-out prompts (<= {HALF})")

@@ -19,10 +19,10 @@ from stages import GRPO, AgentEnv, UniformSampler
 pipeline = Pipeline(
     name="smol-agent-openai",
     seed=0,
-    steps=20,
+    steps=8,
     **SETUP,
     stages=[
-        UniformSampler(batch=8),
+        UniformSampler(batch=4),
         AgentEnv(agent="examples.agent_python:solve", n=int(EPISODES["n"]),
                  temperature=float(EPISODES["temperature"]),
                  max_tokens=int(EPISODES["max_tokens"])),
