@@ -8,7 +8,8 @@ sampled reward's first-vs-last compares the means of the first and last fifth of
 steps (at least one step, at most :data:`SMOOTH_MAX`), not two single noisy steps.
 Multi-turn runs get the policy's own tokens per turn, policy turns per episode and success
 by the number of turns (the ``turn_figures`` run view), rather than a completion length
-that counts the environment's and tools' text.
+that counts the environment's and tools' text; runs with tools, their tool-call and
+tool-error rates and success from the first step to the last (``tool/*`` metrics).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def headline(run: RunData) -> Row:
         out.update(multi_turn(turns))
     else:
         out["completion length (mean, last step)"] = f"{_last(run.get('store/length_mean')):.1f} tokens"
+    if run.has("tool/call_rate"):
+        out.update(tool_use(run))
     return out
 
 
@@ -79,6 +82,18 @@ def multi_turn(rows: Sequence[Row]) -> dict[str, str]:
     return {"policy tokens per turn (mean)": f"{tokens / turns:.1f}" if turns else "–",
             "policy turns per episode (mean)": f"{turns / episodes:.2f}" if episodes else "–",
             "success by policy turns": by_turns or "–"}
+
+
+def tool_use(run: RunData) -> dict[str, str]:
+    """Tool-call rate, tool-error rate and success, first step -> last step
+    (gfcr.runner.tool_metrics)."""
+    def change(name: str) -> str:
+        values = [v for v in run.get(name) if math.isfinite(v)]
+        return f"{_pct(values[0])} → {_pct(values[-1])}" if values else "–"
+
+    return {"tool-call rate (first → last step)": change("tool/call_rate"),
+            "tool-error rate (first → last step)": change("tool/error_rate"),
+            "episode success (first → last step)": change("tool/success")}
 
 
 def _last(values: Sequence[float]) -> float:

@@ -77,13 +77,17 @@ CHARTS: tuple[tuple[str, str, tuple[float | None, float | None]], ...] = (
     ("IS weight mean (learner)", "train/is_weight_mean", (0.0, None)),
     ("truncated-IS share (learner)", "train/is_truncated_share", (0.0, 1.0)),
     ("score errors share", "store/score_error_share", (0.0, 1.0)),
+    ("tool-call rate (episodes with a call)", "tool/call_rate", (0.0, 1.0)),
+    ("tool-error rate (failed calls)", "tool/error_rate", (0.0, 1.0)),
+    ("episode success (tool runs)", "tool/success", (0.0, 1.0)),
     ("step seconds", "step_seconds", (0.0, None)),
 )
 """(title, series, y range) of the charts drawn with one line per run. The learner's
 charts are left out when no run logged them."""
 
 OPTIONAL = {"train/entropy", "train/kl_ref", "train/approx_kl", "train/clip_frac", "train/grad_norm",
-            "train/is_weight_mean", "train/is_truncated_share", "store/staleness_mean"}
+            "train/is_weight_mean", "train/is_truncated_share", "store/staleness_mean",
+            "tool/call_rate", "tool/error_rate", "tool/success"}
 
 
 def _charts(runs: Sequence[RunData]) -> str:

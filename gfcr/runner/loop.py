@@ -38,6 +38,7 @@ from gfcr.core.stage import AUGMENT, TRAIN, Augment, StepContext
 from gfcr.core.filters import set_column
 from gfcr.procs.helper import charging
 from gfcr.runner.metrics import rollout_metrics
+from gfcr.runner.tool_metrics import tool_metrics
 from gfcr.runner.rewards import bounded
 from gfcr.runner.rounds import first_round, key, name, next_round, shortfall, staleness
 from gfcr.runner.runtime import Call, Runtime, TableRef, context
@@ -117,6 +118,7 @@ def run_step(rt: Runtime, run_id: str, step: int, call: Call) -> StepReport:
         metrics.update(train_metrics)
     final = rt.stash.get(ref)
     metrics.update(rollout_metrics(final))
+    metrics.update(tool_metrics(final))
     if rt.pipeline.max_staleness:
         metrics.update(staleness(final, ctx.policy_version))
     metrics.update(rt.services.generator.step_metrics(ctx, final))

@@ -4,7 +4,11 @@ A short behaviour-cloning stage before RL, as in DeepSeek-R1's cold start (DeepS
 2025) and most RL-for-reasoning recipes: a randomly initialised tiny policy samples no
 correct answer at all, and GRPO needs some correct samples in a group to learn from.
 The completion is ``answer + EOS``; the loss is the mean negative log-likelihood of the
-completion tokens only (prompt tokens are context).
+completion tokens only (prompt tokens are context). With ``demonstrations`` (a
+``module:function`` mapping a training row to a conversation) the examples are
+multi-turn episodes instead: a tool call, the tool's output, the answer, with the
+tool's tokens out of the loss (:mod:`stages.train.sft_demos`), so a policy learns to
+emit well-formed tool calls before RL.
 
 The trained weights are saved as safetensors under ``cache_dir``, keyed by a hash of the
 model config, the tokenizer's vocabulary size, the task spec, this spec and the seed; a
@@ -34,6 +38,7 @@ from gfcr.core.stage import Spec
 from gfcr.core.registry import register
 from stages.train.device import adamw
 from stages.train.forward import sequence_logprobs
+from stages.train.sft_demos import Example, encode, resolve
 
 _CACHE_VERSION = 1
 """Bump when the training procedure changes, so old cache files are not reused."""
@@ -62,6 +67,11 @@ class SFT(Spec):
     """``constant`` leaves the learning rate high to the end (no annealing): the warm start
     is a noisier policy whose greedy accuracy RL can raise. ``cosine`` gives a stronger
     warm start (the embedded default uses it)."""
+    demonstrations: str | None = None
+    """``module:function`` mapping a training row (``prompt``, ``answer``, ``meta``,
+    ``task``) to a :class:`stages.train.sft_demos.Demonstration`: train on whole
+    episodes, tool turns masked (e.g. ``stages.envs.python_demos:python_call``); None:
+    ``answer + EOS`` after the prompt."""
 
     def run(self, policy: Policy, task: Any, *, seed: int, cache_dir: Path,
             progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
@@ -92,7 +102,7 @@ class SFT(Spec):
             # getattr: (a tokenizer may lack vocab_size)
             "vocab": getattr(policy.tokenizer, "vocab_size", None),
             "task": task.model_dump(mode="json") if isinstance(task, BaseModel) else repr(task),
-            "sft": self.model_dump(mode="json"),
+            "sft": self._spec_key(),
             "seed": seed,
         }
         if hasattr(policy.tokenizer, "encode_prompt"):  # a chat template and system message
@@ -100,21 +110,31 @@ class SFT(Spec):
         canonical = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    def _spec_key(self) -> dict[str, Any]:
+        """This spec as the cache key holds it; without ``demonstrations`` when unset,
+        so the keys of warm starts cached before that field existed stay valid."""
+        dump = self.model_dump(mode="json")
+        if dump.get("demonstrations") is None:
+            dump.pop("demonstrations", None)
+        return dump
+
     def _train(self, policy: Policy, task: Any, seed: int,
                progress: Callable[[int, int], None]) -> float:
         """The training loop; returns the mean loss over the last 10% of steps."""
-        prompts, completions = _examples(policy, task)
+        examples = _examples(policy, task, self.demonstrations)
         model = policy.model
         model.train()
         optimizer = adamw(list(model.parameters()), self.lr)  # fused on CUDA
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
-        order = _batches(len(prompts), self.batch_size, self.steps, seed)
+        order = _batches(len(examples), self.batch_size, self.steps, seed)
         tail: list[float] = []
         progress(0, self.steps)
         for step, idx in enumerate(order):
-            logprobs, mask = sequence_logprobs(model, [prompts[i] for i in idx],
-                                               [completions[i] for i in idx], 1.0,
+            batch = [examples[i] for i in idx]
+            logprobs, mask = sequence_logprobs(model, [e.prompt for e in batch],
+                                               [e.completion for e in batch], 1.0,
                                                policy.tokenizer.pad_token_id)
+            mask = mask * _loss_mask(batch, mask.shape[1]).to(mask.device)
             loss = -(logprobs * mask).sum() / mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -136,19 +156,33 @@ class SFT(Spec):
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _examples(policy: Policy, task: Any) -> tuple[list[list[int]], list[list[int]]]:
-    """Prompt ids (as the engine encodes them) and ``answer + EOS`` ids per training row."""
+def _examples(policy: Policy, task: Any, demonstrations: str | None) -> list[Example]:
+    """Per training row: the prompt ids (as the engine encodes them) and ``answer + EOS``
+    ids, all in the loss; or, with ``demonstrations``, the row's demonstration episode."""
     table = task.train_prompts()
     tok = policy.tokenizer
-    prompts, completions = [], []
-    for row in table.select(["prompt", "answer"]).to_pylist():
+    demo = resolve(demonstrations) if demonstrations else None
+    columns = [c for c in ("prompt", "answer", "meta", "task") if c in table.column_names]
+    examples = []
+    for row in table.select(columns).to_pylist():
         if row["answer"] is None:
             raise ValueError(f"sft: training prompt {row['prompt']!r} has no reference answer")
-        prompts.append(encode_prompt(tok, row["prompt"]))
-        completions.append(tok.encode(row["answer"]) + [tok.eos_token_id])
-    if not prompts:
+        if demo is not None:
+            examples.append(encode(tok, demo(row)))
+            continue
+        answer = tok.encode(row["answer"]) + [tok.eos_token_id]
+        examples.append(Example(encode_prompt(tok, row["prompt"]), answer, [True] * len(answer)))
+    if not examples:
         raise ValueError("sft: the task has no training prompts")
-    return prompts, completions
+    return examples
+
+
+def _loss_mask(batch: list[Example], width: int) -> torch.Tensor:
+    """``[B, width]``: each example's completion mask, right-padded with False."""
+    out = torch.zeros(len(batch), width)
+    for i, e in enumerate(batch):
+        out[i, :len(e.mask)] = torch.tensor(e.mask[:width], dtype=torch.float32)
+    return out
 
 
 def _batches(n: int, size: int, steps: int, seed: int) -> list[list[int]]:

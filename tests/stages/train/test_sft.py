@@ -22,11 +22,12 @@ def _weights(policy):
 
 def test_examples_are_prompt_then_answer_and_eos():
     policy = TINY.build(seed=0)
-    prompts, completions = _examples(policy, TASK)
+    first = _examples(policy, TASK, None)[0]
     row = TASK.train_prompts().to_pylist()[0]
     tok = policy.tokenizer
-    assert prompts[0] == tok.encode(row["prompt"])  # as the engine encodes prompts
-    assert completions[0] == tok.encode(row["answer"]) + [tok.eos_token_id]
+    assert first.prompt == tok.encode(row["prompt"])  # as the engine encodes prompts
+    assert first.completion == tok.encode(row["answer"]) + [tok.eos_token_id]
+    assert all(first.mask)  # every answer token is in the loss
 
 
 def test_training_learns_writes_the_cache_and_a_second_run_loads_it(tmp_path):
