@@ -115,8 +115,11 @@ def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
                 "SELECT label, prompt_id, n_tokens, correct FROM eval_completions "
                 "WHERE eval_set = 'heldout' AND temperature = 0").to_pylist()
     hist = summary.history
-    return {"engine": engine, "seed": args.seed, "accuracy_raw": summary.accuracy_before,
-            "accuracy_start": summary.accuracy_warmstart, "accuracy_final": summary.accuracy_after,
+    warm = summary.accuracy_warmstart  # None: no evaluation before the warm start
+    return {"engine": engine, "seed": args.seed,
+            "accuracy_raw": None if warm is None else summary.accuracy_before,
+            "accuracy_start": summary.accuracy_before if warm is None else warm,
+            "accuracy_final": summary.accuracy_after,
             "curve": [(i + 1, m["heldout_accuracy"]) for i, m in enumerate(hist)
                       if "heldout_accuracy" in m],
             "lengths": lengths, "evals": _by_label(evals),
@@ -209,11 +212,15 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(got) if got else None
 
 
+def _pct(value: float | None) -> str:
+    return "not evaluated" if value is None else f"{value:.1%}"
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [f"completion tokens (training rollouts): median {result['median_tokens']}, "
              f"p90 {result['p90_tokens']}",
              f"held-out accuracy after the warm start: {result['base_accuracy']:.1%} "
-             f"(before it {result['raw_accuracy'] or 0:.1%})",
+             f"(before it: {_pct(result['raw_accuracy'])})",
              f"{'engine':<8}{'gain (points)':>15}{'se (seeds)':>12}{'se (paired)':>13}"]
     for e in ("hf", "vllm"):
         if result[f"heldout_gain_{e}"] is not None:
