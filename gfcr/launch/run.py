@@ -254,8 +254,7 @@ def _drive(run: _Run, started: float, resumed: bool) -> RunSummary:
     initial, start = progress["accuracy_initial"], progress["accuracy_start"]
     summary = RunSummary(
         run_id=run.run_id, pipeline=p.name, spec_hash=p.spec_hash(), store=str(store.uri),
-        mlflow=None, steps=p.steps,
-        rollouts=storage.backend().reads(store).rollout_count(run.run_id),
+        mlflow=None, steps=p.steps, rollouts=storage.backend().reads(store).rollout_count(run.run_id),
         accuracy_before=start if initial is None else initial,
         accuracy_warmstart=None if initial is None else start, accuracy_after=after,
         seconds=time.perf_counter() - started, warmstart=progress["warmstart"],
@@ -271,10 +270,10 @@ def _start(run: _Run) -> Progress:
     record that checkpoints carry (see gfcr.checkpoints.checkpoint)."""
     p = run.pipeline
     progress: Progress = {"accuracy_initial": None, "accuracy_start": None,
-                                "warmstart": {}, "history": []}
+                          "warmstart": {}, "history": []}
+    if p.warmstart is not None and p.evaluation.initial:
+        progress["accuracy_initial"] = run.evaluate_at("initial", 0)
     if p.warmstart is not None:
-        if p.evaluation.initial:
-            progress["accuracy_initial"] = run.evaluate_at("initial", 0)
         emit(run.hooks, "on_phase", phase="warmstart")
         progress["warmstart"] = dict(run.call("warmstart", lambda: p.warmstart.run(
             run.policy, p.task, seed=p.seed, cache_dir=run.root / "cache",
