@@ -18,9 +18,11 @@ steps, on the same ``--eval-size`` held-out prompts. Figures:
   over seeds (the held-out prompts' noise);
 - per run: the per-step reward, length and time.
 
-Honest method: the pipeline's learning rate and step count were chosen with ``--validate``
-(the same runs on another task seed, whose own held-out prompts are the validation
-split); the figures come from task seed 0's held-out prompts, which chose nothing.
+Honest method: choose the learning rate and step count with ``--validate`` (the same
+runs on another task seed, whose own held-out prompts are the validation split; with
+``--every`` the validation curve), then report task seed 0's held-out prompts, which
+chose nothing. The pipeline's current lr is not yet chosen this way (BENCHMARKS.md,
+"Long answers on SmolLM2").
 
     nice -n 10 .venv/bin/python bench/real_long.py --json --out /tmp/long.json
     .venv/bin/python bench/real_long.py --seeds 1 --steps 2 --eval-size 16    # a smoke run
