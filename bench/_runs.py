@@ -10,8 +10,10 @@ bench/store.py would shadow the ``store`` package).
 
 
 import hashlib
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -107,6 +109,15 @@ def heldout_rows(pipeline: Pipeline, weights: Path | None, stage: Any,
     return rows
 
 
+def mean_se(values: list[float]) -> tuple[float | None, float | None]:
+    """The mean of ``values`` and its standard error ``sd / sqrt(n)`` (None for one
+    value); (None, None) for none."""
+    if not values:
+        return None, None
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
+    return statistics.fmean(values), se
+
+
 def spread(gains: list[float]) -> tuple[float, float, float]:
     """The mean of per-seed ``gains``, their standard deviation (0 for one seed) and the
     mean's standard error ``sd / sqrt(seeds)``."""
@@ -162,3 +173,42 @@ def config_names(args: Any, known: list[str], baseline: bool = True) -> list[str
     if sorted(set(names) - set(known)) or (baseline and "grpo" not in names):
         sys.exit(f"--configs must include grpo and name only {sorted(known)}; got {names!r}")
     return names
+
+
+# --------------------------------------------------------------------------- subprocess runs
+
+
+def sibling(name: str) -> Any:
+    """A helper module of ``bench/`` (``_trl``, ``_april``...), loaded by path once (this
+    folder is off ``sys.path``, see above)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def child(script: Path, argv: list[str], what: str) -> dict[str, Any]:
+    """Run ``script`` with ``argv`` in a subprocess (its own memory, and its own vLLM
+    process where it starts one) and return its last stdout line, a JSON object; raise
+    naming ``what`` with the end of its stderr if it fails."""
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def rerun(script: Path, one: str, seed: int) -> dict[str, Any]:
+    """``script`` again as a child for one run (``--one ONE --seed SEED``), with this
+    command's own options less ``--json``, ``--out``, ``--one`` and ``--seed``."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a in ("--out", "--one", "--seed"):
+            skip = True
+        elif a != "--json":
+            argv.append(a)
+    return child(script, [*argv, "--one", one, "--seed", str(seed)], f"{one} seed {seed}")

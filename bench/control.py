@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Run as a script, this folder comes first on sys.path and bench/store.py would shadow the
 # ``store`` package: import the packages without it, then put it back for ``_longtail``.
@@ -50,26 +50,20 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
 import torch  # noqa: E402
 
 from gfcr import Evaluation, Pipeline  # noqa: E402
-from gfcr.launch.run import MemoryStash, execute  # noqa: E402
-from gfcr.runner.inprocess import local_services  # noqa: E402
-from gfcr.runner.loop import Runtime, run_step  # noqa: E402
-from gfcr.runner.runtime import Record  # noqa: E402
-from stages import (GRPO, HF, ActivePartialRollouts, GroupSample, OnlinePrune,  # noqa: E402
-                    RecyclePartials, TokenBudget, UniformSampler, Verify)
-from stages.replay.recycle import recycle_counts  # noqa: E402
-from store import LakeHistory, RolloutStore  # noqa: E402
+from gfcr.launch.run import execute  # noqa: E402
+from stages import GRPO, HF, GroupSample, OnlinePrune, TokenBudget, UniformSampler, Verify  # noqa: E402
+import store  # noqa: E402,F401  (the package, before bench/store.py is back in reach)
 
 sys.path.insert(0, _HERE)
+from _april import CLOCKS, arms, interleaved, rates  # noqa: E402
 from _longtail import MAX_TOKENS, POLICY, WARMSTART, Repeat  # noqa: E402
+sys.path.remove(_HERE)  # child processes start with this sys.path (gfcr.procs.childproc)
 
-OVER = 1.5
-"""APRIL's over-provisioning: groups asked for per group trained on."""
 BUDGET_SHARE = 0.5
 """TokenBudget's per-step budget as a share of the baseline's tokens per step (DUET's 50%)."""
 LR = 3e-4
 """GRPO's learning rate in the savings runs: at 1e-3 this 0.1M-parameter policy collapses
 within a few steps (held-out accuracy 0.70 -> 0.28 in 12 steps), at 3e-4 it holds."""
-CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 
 
 def _pipeline(stages: list[Any], *, seed: int, steps: int, warm: bool = True) -> Pipeline:
@@ -89,72 +83,25 @@ def _sample(n: int) -> GroupSample:
 # --------------------------------------------------------------------------- APRIL
 
 
-def _runtime(p: Pipeline, store: RolloutStore, run_id: str, policy: Any) -> Runtime:
-    """The loop's runtime for ``p`` on a shared, already warm-started policy."""
-    store.start_run(run_id, pipeline=p.name, spec_yaml=p.to_yaml(), spec_hash=p.spec_hash(),
-                    code_version="bench")
-
-    def history(step: int) -> LakeHistory:
-        return LakeHistory(store, run_id, as_of_step=step - 1) if step else LakeHistory(store, run_id)
-    engine = p.engine.build(policy, seed=p.seed)
-    return Runtime(pipeline=p, task=p.task, services=local_services(engine, policy, None),
-                   stash=MemoryStash(),
-                   record=Record(commit=store.commit_step, history_at=history))
-
-
-def _timed(spent: dict[tuple[str, str], float], key: str) -> Callable[..., Any]:
-    """An executor call that adds the generate stage's time, on every clock, to
-    ``spent[clock, key]``."""
-    def call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        t = {c: f() for c, f in CLOCKS.items()}
-        out = fn(*args)
-        if name.startswith("group["):
-            for c, f in CLOCKS.items():
-                spent[c, key] += f() - t[c]
-        return out
-    return call
-
-
-def _tally(store: RolloutStore, run_id: str, last: int) -> dict[str, int]:
-    row = store.sql("""
-        WITH r AS (SELECT * FROM rollouts WHERE run_id = $run)
-        SELECT count_if(status = 'complete') AS complete,
-               count_if(status = 'pruned') + count_if(status = 'partial' AND step < $last
-                   AND rollout_id NOT IN (SELECT parent_id FROM r WHERE parent_id IS NOT NULL))
-                   AS discarded
-        FROM r""", {"run": run_id, "last": last}).to_pylist()[0]
-    return {k: int(v or 0) for k, v in row.items()}
-
-
 def april_vs_sync(root: Path, *, batch: int, n: int, steps: int, repeats: int,
                   clock: str) -> dict[str, Any]:
-    """Completed-rollout throughput of APRIL over synchronous generation (see module doc)."""
+    """Completed-rollout throughput of APRIL over synchronous generation (see module doc;
+    the interleaving is bench/_april.py's)."""
     policy = POLICY.build(seed=0)
     WARMSTART.run(policy, Repeat(), seed=0, cache_dir=root / "cache")
     gains: dict[str, list[float]] = {c: [] for c in CLOCKS}
     detail, discarded = [], 0
     for r in range(repeats):
-        runs = {"sync": _pipeline([UniformSampler(batch=batch), _sample(n), Verify()],
-                                  seed=r, steps=steps, warm=False),
-                "april": _pipeline([RecyclePartials(), UniformSampler(batch=math.ceil(batch * OVER)),
-                                    ActivePartialRollouts(over_provision=OVER), _sample(n),
-                                    Verify()], seed=r, steps=steps, warm=False)}
-        spent = {(c, k): 0.0 for c in CLOCKS for k in runs}
-        with RolloutStore.open(root / f"april-{r}") as store:
-            rts = {k: _runtime(p, store, f"{k}-{r}", policy) for k, p in runs.items()}
-            for step in range(steps):
-                order = list(runs) if (step + r) % 2 == 0 else list(runs)[::-1]
-                for k in order:
-                    run_step(rts[k], f"{k}-{r}", step, _timed(spent, k))
-            tally = {k: _tally(store, f"{k}-{r}", steps - 1) for k in runs}
-            lineage = recycle_counts(store, f"april-{r}")
-        rate = {(c, k): tally[k]["complete"] / spent[c, k] for c in CLOCKS for k in runs}
+        runs = {k: _pipeline(stages, seed=r, steps=steps, warm=False)
+                for k, stages in arms(_sample(n), batch).items()}
+        got = interleaved(policy, runs, root / f"april-{r}", steps=steps, repeat=r)
+        rate, tally = rates(got), got["arms"]
         for c in CLOCKS:
             gains[c].append(rate[c, "april"] / rate[c, "sync"] - 1)
         discarded += tally["april"]["discarded"] + tally["sync"]["discarded"]
         detail.append({**{f"{k}_rollouts_per_s_{c}": rate[c, k] for c, k in rate},
                        "sync_complete": tally["sync"]["complete"],
-                       "april_complete": tally["april"]["complete"], **lineage})
+                       "april_complete": tally["april"]["complete"], **got["lineage"]})
     return {"april_throughput_gain": statistics.median(gains[clock]), "discarded": discarded,
             "april_gains": gains[clock], "clock": clock,
             **{f"april_throughput_gain_{c}": statistics.median(g) for c, g in gains.items()},
@@ -209,7 +156,11 @@ def tree_row(args: argparse.Namespace) -> dict[str, Any] | None:
     independent samples given the same tokens, shared prefixes counted once
     (bench/_tree.py; standalone: bench/tree.py). The warm start is the default
     pipeline's, cached under .gfcr/cache."""
-    from _tree import tree_vs_independent
+    sys.path.insert(0, _HERE)
+    try:
+        from _tree import tree_vs_independent
+    finally:
+        sys.path.remove(_HERE)
 
     r = tree_vs_independent(seeds=tuple(args.seeds))
     t, i = r["tree"], r["independent"]

@@ -32,9 +32,9 @@ chose nothing. The pipeline's current lr is not yet chosen this way (BENCHMARKS.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+_spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name("_runs.py"))
+_runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_runs)  # bench/_runs.py by path: this folder is off sys.path
 
 HERE = Path(__file__).resolve()
 VALIDATION_TASK_SEED = 1
@@ -64,9 +68,43 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
                     help="run root whose cache holds the converted model")
     ap.add_argument("--cache", type=Path, default=Path(".gfcr/cache"), help="warm-start cache")
+    ap.add_argument("--arm", choices=sorted(ARMS), default="grpo",
+                    help="smol-long as it is (grpo) or with an operator (bench/effects.py)")
     ap.add_argument("--one", choices=["hf", "vllm"], help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- arms
+
+OVERLONG_BUFFER = 32
+"""DAPO's soft overlong punishment ramps to -1 over the last 32 of the 128 tokens."""
+ARMS = {"grpo": "smol-long as it is",
+        "overlong": "+ Overlong(mode='penalty', buffer=32) after the verifier (DAPO, 3.4)",
+        "prune": "+ OnlinePrune before the generate stage, looking every 8 tokens (ARRoL)",
+        "tree": "TreeRollout's leaves (LATR) instead of independent samples"}
+"""``--arm``: the stage lists bench/effects.py sets side by side, each otherwise smol-long."""
+
+
+def arm_stages(stages: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
+    """smol-long's stage list (as dicts) with ``arm``'s operator (:data:`ARMS`)."""
+    from stages import OnlinePrune, Overlong, TreeRollout
+
+    at = {s["type"]: i for i, s in enumerate(stages)}
+    g, v = at["group"], at["verify"]
+    group = stages[g]
+    if arm == "overlong":
+        shaping = Overlong(mode="penalty", max_tokens=group["max_tokens"], buffer=OVERLONG_BUFFER)
+        return [*stages[:v + 1], shaping.model_dump(), *stages[v + 1:]]
+    if arm == "prune":
+        prune = OnlinePrune(max_prune=0.5, min_tokens=8, margin=0.25, window=4)
+        return [*stages[:g], prune.model_dump(), {**group, "segment_tokens": 8}, *stages[g + 1:]]
+    if arm == "tree":
+        tree = TreeRollout(n=group["n"], temperature=group["temperature"],
+                           max_tokens=group["max_tokens"], branch_prob=0.2, lookahead=4,
+                           min_distance=0.4)
+        return [*stages[:g], tree.model_dump(), *stages[g + 1:]]
+    return stages
 
 
 # --------------------------------------------------------------------------- one run
@@ -77,11 +115,6 @@ def _pipeline(args: argparse.Namespace, engine: str) -> Any:
     from gfcr.core.loading import load
     from stages import SFT
 
-    sys.path.insert(0, str(HERE.parent))
-    try:
-        from _runs import SharedWarmStart  # registers the warm-start type
-    finally:
-        sys.path.pop(0)
     base = load("smol-long")
     sets = [f"seed={args.seed}", f"evaluation.every={args.every}",
             f"evaluation.size={args.eval_size}", "checkpoint.every=0",
@@ -95,10 +128,11 @@ def _pipeline(args: argparse.Namespace, engine: str) -> Any:
     if engine == "vllm":
         sets += ["engine=vllm", "engine.max_model_len=1024"]
     data = base.with_overrides(sets).to_dict()
+    data["stages"] = arm_stages(data["stages"], args.arm)
     sft = base.warmstart
     assert isinstance(sft, SFT)
-    data["warmstart"] = SharedWarmStart(sft=sft, cache=str(args.cache))
-    return Pipeline(**{**data, "name": f"bench-smol-long-{engine}"})
+    data["warmstart"] = _runs.SharedWarmStart(sft=sft, cache=str(args.cache))
+    return Pipeline(**{**data, "name": f"bench-smol-long-{args.arm}-{engine}"})
 
 
 def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
@@ -113,6 +147,8 @@ def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         with RolloutStore.open(summary.store, read_only=True) as lake:
             lengths = lake.sql("SELECT len(completion_ids) AS n FROM rollouts").column(
                 "n").to_pylist()
+            by_step = lake.sql("SELECT avg(n_tokens) AS n FROM rollouts WHERE status = "
+                               "'complete' GROUP BY step ORDER BY step").column("n").to_pylist()
             evals = lake.sql(
                 "SELECT label, prompt_id, n_tokens, correct FROM eval_completions "
                 "WHERE eval_set = 'heldout' AND temperature = 0").to_pylist()
@@ -124,7 +160,8 @@ def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
             "accuracy_final": summary.accuracy_after,
             "curve": [(i + 1, m["heldout_accuracy"]) for i, m in enumerate(hist)
                       if "heldout_accuracy" in m],
-            "lengths": lengths, "evals": _by_label(evals),
+            "lengths": lengths, "evals": _by_label(evals), "step_lengths": by_step,
+            "tokens": [m.get("tokens", 0.0) for m in hist],
             "step_seconds": [m.get("step_seconds", 0.0) for m in hist],
             "reward_mean": [m.get("train/reward_mean", 0.0) for m in hist],
             "run_seconds": time.perf_counter() - started}
@@ -141,29 +178,6 @@ def _by_label(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
 
 
 # --------------------------------------------------------------------------- all runs
-
-
-def _child(args: argparse.Namespace, engine: str, seed: int) -> dict[str, Any]:
-    argv, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif a in ("--out", "--one", "--seed"):
-            skip = True
-        elif a != "--json":
-            argv.append(a)
-    cmd = [sys.executable, str(HERE), *argv, "--one", engine, "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{engine} seed {seed} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
-    return statistics.fmean(values), se
 
 
 def _quantile(values: list[int], q: float) -> float | None:
@@ -203,7 +217,7 @@ def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                      if k not in ("json", "out", "one", "seed")}}
     for e in ("hf", "vllm"):
         gains = [100.0 * (r["accuracy_final"] - r["accuracy_start"]) for r in by[e]]
-        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _mean_se(gains)
+        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _runs.mean_se(gains)
         out[f"paired_se_{e}"] = _paired_se(by[e])
     out["runs"] = [{k: v for k, v in r.items() if k not in ("lengths", "evals")} for r in runs]
     return out
@@ -241,7 +255,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for engine in (e for e in args.engines.split(",") if e):
-            runs.append(_child(args, engine, seed))
+            runs.append(_runs.rerun(HERE, engine, seed))
             r = runs[-1]
             print(f"  {engine} seed {seed}: {r['accuracy_start']:.3f} -> "
                   f"{r['accuracy_final']:.3f} curve {r['curve']} ({r['run_seconds']:.0f} s)",

@@ -31,9 +31,9 @@ Needs the ``smol`` extra and the wheel (README "A real model: SmolLM2") and ``tr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,19 +44,11 @@ from typing import Any
 # the ``store`` package; drop that entry before anything imports it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+_spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name("_runs.py"))
+_runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_runs)  # bench/_runs.py by path: this folder is off sys.path
+
 HERE = Path(__file__).resolve()
-
-
-def _sibling(name: str) -> Any:
-    """A helper module beside this script, loaded by path (this folder is off sys.path)."""
-    import importlib.util
-
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE.with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,7 +84,6 @@ def _pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
     from gfcr.core.loading import load
     from stages import SFT
 
-    shared = _sibling("_runs").SharedWarmStart  # registers the warm-start type
     lr = args.lr if args.lr is not None else load("smol").stages[-1].lr
     sets = [f"steps={args.steps}", f"seed={seed}", "evaluation.every=0",
             f"evaluation.size={args.eval_size}", f"evaluation.max_tokens={args.max_tokens}",
@@ -105,7 +96,7 @@ def _pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
     data = base.with_overrides(sets).to_dict()
     sft = base.warmstart
     assert isinstance(sft, SFT)
-    data["warmstart"] = shared(sft=sft, cache=str(args.cache))
+    data["warmstart"] = _runs.SharedWarmStart(sft=sft, cache=str(args.cache))
     return Pipeline(**{**data, "name": f"bench-smol-{engine}"})
 
 
@@ -184,32 +175,6 @@ def _until_eos(row: list[int], ends: Any) -> int:
 # --------------------------------------------------------------------------- all runs
 
 
-def _child(args: argparse.Namespace, one: str, seed: int) -> dict[str, Any]:
-    keep = [a for a in sys.argv[1:] if a not in ("--json",)]
-    drop = {"--out", "--one", "--seed"}
-    argv, skip = [], False
-    for a in keep:
-        if skip:
-            skip = False
-            continue
-        if a in drop:
-            skip = True
-            continue
-        argv.append(a)
-    cmd = [sys.executable, str(HERE), *argv, "--one", one, "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{one} seed {seed} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
-    return statistics.fmean(values), se
-
-
 def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     by = {e: [r for r in runs if r.get("engine") == e] for e in ("hf", "vllm", "trl")}
     out: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()
@@ -221,7 +186,7 @@ def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     out["raw_accuracy"] = statistics.fmean(raws) if raws else None
     for e in ("hf", "vllm"):
         gains = [100.0 * (r["accuracy_final"] - r["accuracy_start"]) for r in by[e]]
-        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _mean_se(gains)
+        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _runs.mean_se(gains)
     rate = {e: sum(r["tokens"] for r in by[e]) / max(sum(r["generate_seconds"] for r in by[e]),
                                                       1e-9) for e in ("hf", "vllm") if by[e]}
     out["tokens_per_second"] = rate
@@ -280,12 +245,12 @@ def main() -> None:
         print(json.dumps(run_generate(args)))
         return
     if args.one == "trl":
-        print(json.dumps(_sibling("_trl").run_trl(args)))
+        print(json.dumps(_runs.sibling("_trl").run_trl(args)))
         return
     runs: list[dict[str, Any]] = []
     plan = _plan(args)
     for one, seed in plan:
-        runs.append(_child(args, one, seed))
+        runs.append(_runs.rerun(HERE, one, seed))
         print(f"  {one} seed {seed}: {json.dumps({k: v for k, v in runs[-1].items() if 'acc' in k or k == 'run_seconds'})}",
               file=sys.stderr)
         if args.out:
