@@ -52,7 +52,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
@@ -149,9 +149,11 @@ def april(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- smol-long arms
 
 
-def long_runs(args: argparse.Namespace, arms: list[str]) -> dict[str, list[dict[str, Any]]]:
+def long_runs(args: argparse.Namespace, arms: list[str],
+              done: Callable[[dict[str, list[dict[str, Any]]]], None]) -> dict[str, list[dict[str, Any]]]:
     """smol-long as it is and with each arm's operator, seeds outermost (a cut run still
-    compares like with like), each a bench/real_long.py child on the HF engine."""
+    compares like with like), each a bench/real_long.py child on the HF engine;
+    ``done(runs)`` after each run (``--out`` keeps what a cut invocation ran)."""
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ["grpo", *arms]}
     for seed in range(args.seeds):
         for arm in runs:
@@ -163,6 +165,7 @@ def long_runs(args: argparse.Namespace, arms: list[str]) -> dict[str, list[dict[
             print(f"  {arm} seed {seed}: {run['accuracy_start']:.3f} -> "
                   f"{run['accuracy_final']:.3f}, {sum(run['tokens']):.0f} tokens "
                   f"({run['run_seconds']:.0f} s)", file=sys.stderr)
+            done(runs)
     return runs
 
 
@@ -308,9 +311,11 @@ def main() -> None:
         save()
     arms = [a for a in ("overlong", "prune", "tree") if a in only]
     if arms:
-        runs = long_runs(args, arms)
-        result["long_runs"] = {k: [{x: y for x, y in r.items() if x not in ("lengths", "evals")}
-                                   for r in v] for k, v in runs.items()}
+        def keep(runs: dict[str, list[dict[str, Any]]]) -> None:
+            result["long_runs"] = {k: [{x: y for x, y in r.items() if x != "lengths"}
+                                       for r in v] for k, v in runs.items()}
+            save()
+        runs = long_runs(args, arms, keep)
         for arm in arms:
             result.update(overlong(runs) if arm == "overlong" else savings(runs, arm))
         save()
