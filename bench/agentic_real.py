@@ -33,9 +33,9 @@ per run, its per-step ``tool/*`` training metrics (gfcr.runner.tool_metrics).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +43,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+_spec = importlib.util.spec_from_file_location("_runs", Path(__file__).with_name("_runs.py"))
+_runs = sys.modules["_runs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_runs)  # bench/_runs.py by path: this folder is off sys.path
 
 HERE = Path(__file__).resolve()
 PIPELINES = {"episodes": "pipelines.smol_agent", "openai": "pipelines.smol_agent_openai"}
@@ -54,18 +58,6 @@ SMOKE = {"seeds": 1, "steps": 1, "batch": 2, "n": 2, "eval_size": 4, "warm_steps
 """What ``--smoke`` sets: a wiring check in minutes, not a measurement."""
 HALF = 256
 """Held-out prompts per split (the task holds 2 x HALF)."""
-
-
-def _sibling(name: str) -> Any:
-    """A helper module beside this script, loaded by path (this folder is off sys.path)."""
-    import importlib.util
-
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE.with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +80,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warm-lr", type=float, default=None, help="SFT lr (the pipeline's)")
     ap.add_argument("--demos", default=None,
                     help="the warm start's demonstrations, module:function (the pipeline's)")
+    ap.add_argument("--advantage", choices=["grpo", "gigpo"], default="grpo",
+                    help="GRPO's episode advantages, or GiGPO's step-level ones before it "
+                         "(bench/effects.py)")
     ap.add_argument("--smoke", action="store_true", help=f"a wiring check: {SMOKE}")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
                     help="run root whose cache holds the converted model")
@@ -123,12 +118,16 @@ def pipeline(args: argparse.Namespace, engine: str, seed: int) -> Any:
     if engine == "vllm":
         sets += ["engine=vllm", "engine.max_model_len=512"]
     data = base.with_overrides(sets).to_dict()
+    if args.advantage == "gigpo":  # Feng et al. 2025: step groups of the same anchor state
+        from stages import GiGPO
+
+        data["stages"] = [*data["stages"][:-1], GiGPO().model_dump(), data["stages"][-1]]
     sft = base.warmstart.model_copy(update={k: v for k, v in {
         "steps": args.warm_steps, "batch_size": args.warm_batch, "lr": args.warm_lr,
         "demonstrations": args.demos}.items()
         if v is not None})
-    data["warmstart"] = _sibling("_runs").SharedWarmStart(sft=sft, cache=str(args.cache))
-    return Pipeline(**{**data, "name": f"bench-agentic-real-{engine}"})
+    data["warmstart"] = _runs.SharedWarmStart(sft=sft, cache=str(args.cache))
+    return Pipeline(**{**data, "name": f"bench-agentic-real-{args.advantage}-{engine}"})
 
 
 def heldout(p: Any, weights: Path | None, args: argparse.Namespace) -> dict[str, float]:
@@ -160,16 +159,11 @@ def heldout(p: Any, weights: Path | None, args: argparse.Namespace) -> dict[str,
 
 def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     """One seed on ``engine``: train, then the held-out episodes with its last weights."""
-    from gfcr.checkpoints.checkpoint import directory, latest
-    from gfcr.launch.run import execute
-
     p = pipeline(args, engine, args.seed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gfcr-agentic-real-") as tmp:
-        summary = execute(p, root=Path(tmp), executor="local")
-        ckpt = latest(directory(Path(tmp), summary.run_id))
-        assert ckpt is not None, "the run saved no checkpoint"
-        after = heldout(p, ckpt.path / "model.safetensors", args)
+        summary, weights = _runs.last_weights(p, Path(tmp))
+        after = heldout(p, weights, args)
     hist = summary.history
     return {"engine": engine, "seed": args.seed, "after": after,
             "tool_steps": [{k: m[k] for k in m if k.startswith("tool/")} for m in hist],
@@ -178,29 +172,6 @@ def run_one(args: argparse.Namespace, engine: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- all runs
-
-
-def _child(args: argparse.Namespace, one: str, seed: int) -> dict[str, Any]:
-    argv, skip = [], False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif a in ("--out", "--one", "--seed"):
-            skip = True
-        elif a != "--json":
-            argv.append(a)
-    cmd = [sys.executable, str(HERE), *argv, "--one", one, "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{one} seed {seed} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
-    return statistics.fmean(values), se
 
 
 def summarise(warm: dict[str, Any], runs: list[dict[str, Any]],
@@ -215,7 +186,7 @@ def summarise(warm: dict[str, Any], runs: list[dict[str, Any]],
     for e in ("hf", "vllm"):
         gains = [100.0 * (r["after"]["success"] - warm["success"]) for r in runs
                  if r["engine"] == e]
-        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _mean_se(gains)
+        out[f"heldout_gain_{e}"], out[f"gain_se_{e}"] = _runs.mean_se(gains)
     return out
 
 
@@ -243,12 +214,12 @@ def main() -> None:
     if args.one in ("hf", "vllm"):
         print(json.dumps(run_one(args, args.one)))
         return
-    warm = _child(args, "warm", 0)
+    warm = _runs.rerun(HERE, "warm", 0)
     print(f"  warm start: {json.dumps(warm)}", file=sys.stderr)
     runs: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for engine in (e for e in args.engines.split(",") if e):
-            runs.append(_child(args, engine, seed))
+            runs.append(_runs.rerun(HERE, engine, seed))
             print(f"  {engine} seed {seed}: {json.dumps(runs[-1]['after'])} "
                   f"({runs[-1]['run_seconds']:.0f}s)", file=sys.stderr)
             if args.out:
