@@ -64,9 +64,9 @@ HERE = Path(__file__).resolve()
 EFFECTS = ("april", "overlong", "prune", "tree", "gigpo")
 PAPER = {
     "april": "APRIL: rollout throughput +22.5% on average (at most +44%), accuracy +2.1% "
-             "(GRPO/DAPO/GSPO, <= 1.5B... models with long-tailed lengths)",
-    "overlong": "DAPO 3.4: soft overlong punishment stabilises training and shortens "
-                "truncated answers (AIME +; no single length figure in the abstract)",
+             "on average (GRPO, DAPO, GSPO)",
+    "overlong": "DAPO 3.4: soft overlong punishment stabilises training (no figure for it "
+                "alone in METHODS.md)",
     "prune": "ARRoL: up to 1.7x training speedup, +2.3 to +3.0 average accuracy",
     "tree": "LATR: policy learning 131% faster on average, +4.2% pass@1 vs stochastic sampling",
     "gigpo": "GiGPO: > 12% ALFWorld and > 9% WebShop over GRPO (Qwen2.5-1.5B-Instruct)",
