@@ -118,6 +118,20 @@ def mean_se(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), se
 
 
+def ordered_evals(evals: dict[str, dict[str, list[Any]]]) -> list[tuple[str, dict[str, list[Any]]]]:
+    """A run's greedy held-out evaluations (bench/real_long.py's ``evals``: label -> prompt
+    ids, tokens, correct) in the order they ran: ``initial`` first, then ``step=N``."""
+    labels = sorted(evals, key=lambda s: int(s.split("=")[1]) if "=" in s else -1)
+    return [(label, evals[label]) for label in labels]
+
+
+def prompt_diffs(after: dict[str, list[Any]], before: dict[str, list[Any]]) -> list[float]:
+    """Per-prompt differences in correctness, in points, of two evaluations of the same
+    held-out prompts (what a paired standard error is taken over)."""
+    assert after["prompt_id"] == before["prompt_id"], "evaluations of other prompts"
+    return [100.0 * (float(a) - float(b)) for a, b in zip(after["correct"], before["correct"])]
+
+
 def spread(gains: list[float]) -> tuple[float, float, float]:
     """The mean of per-seed ``gains``, their standard deviation (0 for one seed) and the
     mean's standard error ``sd / sqrt(seeds)``."""

@@ -176,8 +176,7 @@ def _second_half(run: dict[str, Any]) -> float:
 
 def _final(run: dict[str, Any]) -> dict[str, list[Any]]:
     """The greedy held-out completions of the run's last evaluation."""
-    labels = sorted(run["evals"], key=lambda s: int(s.split("=")[1]) if "=" in s else -1)
-    final: dict[str, list[Any]] = run["evals"][labels[-1]]
+    final: dict[str, list[Any]] = _runs.ordered_evals(run["evals"])[-1][1]
     return final
 
 
@@ -219,12 +218,8 @@ def _accuracy(arm: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> d
     and whether the two are within two of it (``<arm>_equal_accuracy``)."""
     out = _figure(f"{arm}_accuracy_diff",
                   [100.0 * (a["accuracy_final"] - b["accuracy_final"]) for a, b in pairs])
-    diffs: list[float] = []
-    for a, b in pairs:
-        fa, fb = _final(a), _final(b)
-        assert fa["prompt_id"] == fb["prompt_id"], "evaluations of other prompts"
-        diffs += [100.0 * (float(x) - float(y)) for x, y in zip(fa["correct"], fb["correct"])]
-    paired = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    diffs = [d for a, b in pairs for d in _runs.prompt_diffs(_final(a), _final(b))]
+    paired = _runs.mean_se(diffs)[1]
     out[f"{arm}_accuracy_paired_se"] = paired
     out[f"{arm}_equal_accuracy"] = (None if paired is None else
                                     abs(statistics.fmean(diffs)) <= 2 * paired)

@@ -192,13 +192,10 @@ def _paired_se(runs: list[dict[str, Any]]) -> float | None:
     over the runs: each run's first and last greedy evaluation of the same prompts."""
     diffs: list[float] = []
     for r in runs:
-        labels = sorted(r["evals"], key=lambda s: int(s.split("=")[1]) if "=" in s else -1)
-        start, end = r["evals"][labels[1 if labels[0] == "initial" else 0]], r["evals"][labels[-1]]
-        assert start["prompt_id"] == end["prompt_id"], "evaluations of other prompts"
-        diffs += [100.0 * (float(b) - float(a)) for a, b in zip(start["correct"], end["correct"])]
-    if len(diffs) < 2:
-        return None
-    return statistics.stdev(diffs) / len(diffs) ** 0.5
+        evals = _runs.ordered_evals(r["evals"])
+        start = evals[1 if evals[0][0] == "initial" else 0][1]
+        diffs += _runs.prompt_diffs(evals[-1][1], start)
+    return _runs.mean_se(diffs)[1]
 
 
 def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
