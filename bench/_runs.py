@@ -38,9 +38,15 @@ class SharedWarmStart(Spec):
     """The warm start's own seed, whatever the run's."""
     cache: str = ".gfcr/cache"
     """The cache folder every run shares."""
+    task_seed: int | None = None
+    """Train on the task drawn under this seed instead of the run's (a validation run on
+    another task seed then starts from the reported runs' very weights)."""
 
     def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path,
             progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        if self.task_seed is not None:
+            # a fresh model, not model_copy: that would share the task's private draw cache
+            task = task.model_validate({**task.model_dump(), "seed": self.task_seed})
         return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache),
                             progress=progress)
 
