@@ -44,7 +44,7 @@ class SharedWarmStart(Spec):
 
     def run(self, policy: Any, task: Any, *, seed: int, cache_dir: Path,
             progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-        if self.task_seed is not None:
+        if self.task_seed is not None and task.seed != self.task_seed:
             # a fresh model, not model_copy: that would share the task's private draw cache
             task = task.model_validate({**task.model_dump(), "seed": self.task_seed})
         return self.sft.run(policy, task, seed=self.seed, cache_dir=Path(self.cache),

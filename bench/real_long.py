@@ -69,7 +69,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also evaluate every N steps (the validation curve)")
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="runs at a time (each a subprocess on one thread; 2 suits 2 cores)")
+                    help="runs at a time, each its own subprocess (2 suited this 2-core machine)")
     ap.add_argument("--validate", action="store_true",
                     help=f"task seed {VALIDATION_TASK_SEED}: the validation split")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
