@@ -22,6 +22,7 @@ from stages.filter.igpo import IGPO
 from stages.filter.overlong import Overlong
 from stages.filter.roc import ResampleOnCorrect
 from stages.sandbox import Sandbox
+from stages.filter.list_order import ListOrder
 from stages.filter.verifiers import CodeTests, Function, Match, MathAnswer, TaskScore
 from stages.filter.verify import Verify
 from stages.generate.agent import AgentEnv
@@ -56,4 +57,4 @@ __all__ = ["FissionBranch", "GiGPO", "IGPO", "TurnBudget",
            "RecyclePartials", "RolloutReplay", "DOTS", "InSight", "VADE", "PromptGDRO",
            "CrossRunReplay", "SmolLM2", "Episodes", "Feedback", "GuessNumber",
            "PythonArithmetic", "AgentEnv", "LoraSpec", "VerifiersEnv", "VerifiersTask",
-           "GymEnv", "RemoteEnv", "TextArenaEnv"]
+           "GymEnv", "RemoteEnv", "TextArenaEnv", "ListOrder"]

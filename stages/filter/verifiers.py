@@ -14,6 +14,8 @@ Verify stage records the error in ``score_error`` and the run goes on). Implemen
   :mod:`stages.sandbox` (the model's code never runs in this process) and takes
   the verdict outside it (:mod:`stages.sandbox.harness`).
 - :class:`Function` — any ``module:function`` taking ``(completion, answer, meta)``.
+- :class:`stages.filter.list_order.ListOrder` — partial credit for a list answer in an
+  almost-right order.
 
 Verify also accepts a string shorthand: ``"task"``, ``"math"``, ``"exact"``, ``"code"``,
 ``"regex:<pattern>"`` or ``"module:function"``.
@@ -31,6 +33,7 @@ from pydantic import Field, field_validator
 
 from gfcr.config.refs import resolve
 from gfcr.core.stage import Spec, StepContext
+from stages.filter.list_order import ListOrder
 from stages.sandbox.harness import passed, plan
 from stages.sandbox import Sandbox, refusal, run_python, unavailable
 
@@ -245,7 +248,7 @@ class Function(Spec):
         return resolve(self.ref, "scorer")
 
 
-VerifierSpec = Annotated[Union[TaskScore, MathAnswer, Match, CodeTests, Function],
+VerifierSpec = Annotated[Union[TaskScore, MathAnswer, Match, CodeTests, Function, ListOrder],
                          Field(discriminator="type")]
 """Any verifier config, told apart by its ``type``."""
 
