@@ -22,13 +22,14 @@ Honest method: choose the learning rate, advantage and step count with ``--valid
 (the same runs on another task seed, whose training and held-out prompts are its own, the
 held-out ones the validation split; with ``--every`` the validation curve; the warm start
 is the reported runs' own, trained on task seed 0), then report task seed 0's held-out
-prompts, which chose nothing. The pipeline's Dr. GRPO at lr 1e-5 for 8 steps was chosen
-this way (BENCHMARKS.md, "Long answers on SmolLM2", says what was tried).
+prompts, which chose nothing. The pipeline's recipe (Dr. GRPO at lr 1e-5, ListOrder's
+reward, 16 steps) was chosen this way; ``--set`` tries any other override (BENCHMARKS.md,
+"Long answers on SmolLM2", says what was tried).
 
     nice -n 10 .venv/bin/python bench/real_long.py --jobs 2 --json --out /tmp/long.json
     .venv/bin/python bench/real_long.py --seeds 1 --steps 2 --eval-size 16    # a smoke run
     .venv/bin/python bench/real_long.py --validate --engines hf --seeds 1 --eval-size 128 \
-        --lr 1e-5 --advantage drgrpo --steps 8                               # validation
+        --steps 16 --every 8 --set verify.scorer=task        # validation, the exact reward
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs at a time, each its own subprocess (2 suited this 2-core machine)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further override of the pipeline (e.g. verify.scorer=module:fn)")
     ap.add_argument("--validate", action="store_true",
                     help=f"task seed {VALIDATION_TASK_SEED}: the validation split")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
@@ -134,6 +137,7 @@ def _pipeline(args: argparse.Namespace, engine: str) -> Any:
         sets.append(f"grpo.advantage={args.advantage}")
     if args.validate:
         sets.append(f"task.seed={VALIDATION_TASK_SEED}")
+    sets += args.set
     if engine == "vllm":
         sets += ["engine=vllm", "engine.max_model_len=1024"]
     data = base.with_overrides(sets).to_dict()

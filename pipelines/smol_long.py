@@ -17,26 +17,34 @@ that is almost right, so a group of 4 samples often has signal. Tried first: lis
 reversal (``word_sequence_reversal``, 11-16 words; answers of 24-40 tokens with a short
 prompt): 0% after 40 warm-start steps of 16, the answers collapsing into repeated words.
 
-Why Dr. GRPO at lr 1e-5 for 8 steps: chosen on the validation split (task seed 1: its own
-training and held-out prompts, the same warm start; 128 held-out prompts, greedy; the
-figures reported are on task seed 0's held-out prompts, which chose nothing). From 18.0%
-after the warm start, 8 steps of GRPO at 3e-5 went to 6.3% and at 1e-4 to 0%; Dr. GRPO
-(Liu et al. 2025: the group mean subtracted, no division by the group's std) at 3e-5 to
-3.9% and at 1e-5 to 22.7%. A group keeps signal in about 3 of 8 prompts, and the word
-lists' partial credit (a garbled list scoring 0.03 beside three 0.0) becomes, divided by
-its std, as large an advantage as a right answer: Dr. GRPO leaves it at 0.03. The
-validation gain (+4.7, 1.2 paired standard errors) did not hold on task seed 0's 256
-held-out prompts: -0.4 +- 2.4 points on the HF engine and -2.6 +- 1.2 on vLLM (3 seeds):
-this pipeline gives the operators long answers to act on; it does not improve SmolLM2's
-sorting in 8 steps. BENCHMARKS.md ("Long answers on SmolLM2") has what was tried.
+Why Dr. GRPO at lr 1e-5: chosen on the validation split (task seed 1: its own training
+and held-out prompts, the same warm start; greedy; the figures reported are on task seed
+0's held-out prompts, which chose nothing). From 18.0% after the warm start (128
+prompts), 8 steps of GRPO at 3e-5 went to 6.3% and at 1e-4 to 0%; Dr. GRPO (Liu et al.
+2025: the group mean subtracted, no division by the group's std) at 3e-5 to 3.9% and at
+1e-5 to 22.7%. Divided by a group's std, the word lists' partial credit (0.03 beside
+three 0.0) becomes as large an advantage as a right answer; Dr. GRPO leaves it at 0.03.
+
+Why ListOrder's reward and 16 steps: scored exactly, a number list earns nothing unless
+it is entirely right, and the model's mistakes are orders that are almost right, so only
+7 of 16 groups of 8 samples carry a signal; crediting half the share of pairs in order
+(:class:`stages.filter.list_order.ListOrder`) gives 12 of 16 a signal that points toward
+better orders. On 256 validation prompts (19.1% after the warm start, one seed), Dr.
+GRPO at 1e-5 with the exact reward went to 23.0% at step 8 and back to 15.2% at step 16;
+with ListOrder's to 23.4% and 25.8% (+6.6, paired standard error 2.4). The 8-step exact
+recipe's validation gain had not held on the held-out prompts (-0.4 +- 2.4 points on the
+HF engine, -2.6 +- 1.2 on vLLM, 3 seeds); this one's held out: +1.7 points on HF (seeds
++1.2, +2.4, +1.6; 1.1 paired standard errors) and +0.7 +- 1.5 on vLLM. Better than the
+exact reward on both engines, still short of a gain that stands above the prompts' noise.
+BENCHMARKS.md ("Long answers on SmolLM2") has what was tried.
 
 Cost here (2 cores): the warm start about 15 minutes at moderate load (once, cached), a
 GRPO step of 8 prompts x 4 samples of up to 128 tokens about a minute.
 """
 
 from gfcr import Evaluation, Pipeline
-from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ReasoningGym, SmolLM2,
-                    UniformSampler, Verify)
+from stages import (GRPO, HF, SFT, DynamicSampling, GroupSample, ListOrder, ReasoningGym,
+                    SmolLM2, UniformSampler, Verify)
 
 SYSTEM = "Reply with only the sorted list."
 """The system message (replacing the template's "You are a helpful AI assistant...")."""
@@ -66,12 +74,12 @@ LR = 1e-5
 pipeline = Pipeline(
     name="smol-long",
     seed=0,
-    steps=8,
+    steps=16,
     **SETUP,
     stages=[
         UniformSampler(batch=8),
         GroupSample(n=4, temperature=1.0, max_tokens=MAX_TOKENS),
-        Verify(),
+        Verify(scorer=ListOrder()),
         DynamicSampling(),
         GRPO(lr=LR, advantage="drgrpo", micro_batch=8),
     ],
