@@ -7,8 +7,9 @@ gives a group of samples a signal only when one of them is entirely right: on Sm
 wrong answers there hold the right items in an almost-right order, so crediting the share
 of item pairs in the right relative order (Kendall's tau, as agreement in [0, 1]) gives
 12 of those 16 groups a signal, and the group's advantage points toward the better
-orders: reward shaping in the sense of Ng et al. 1999, with the exact answer still the
-only one worth 1. Held-out accuracy is always the task's own scorer's.
+orders. A shaped reward, not a potential-based one (Ng et al. 1999), so it can change
+what is optimal only below full credit: the exact answer stays the only one worth 1.
+Held-out accuracy is always the task's own scorer's.
 """
 
 from __future__ import annotations
