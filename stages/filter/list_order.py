@@ -40,8 +40,9 @@ class ListOrder(Spec):
 
     type: Literal["list_order"] = "list_order"
     credit: float = Field(0.5, ge=0.0, lt=1.0)
-    """The most a list in a wrong order earns (every pair but one right); below 1 so the
-    exact answer stays the only one worth full reward."""
+    """The scale of a wrong order's reward: ``credit`` times the share of pairs in order,
+    which is below 1 for any wrong order (every pair but one right: ``credit`` x (P-1)/P
+    of P pairs); below 1 so the exact answer stays the only one worth full reward."""
 
     def scorer(self, ctx: StepContext | None) -> Callable[[str, Any, Any], float]:
         return partial(order_score, credit=self.credit)
