@@ -26,7 +26,7 @@ prompts, which chose nothing. The pipeline's recipe (Dr. GRPO at lr 1e-5, ListOr
 reward, 16 steps) was chosen this way; ``--set`` tries any other override (BENCHMARKS.md,
 "Long answers on SmolLM2", says what was tried).
 
-    nice -n 10 .venv/bin/python bench/real_long.py --jobs 2 --json --out /tmp/long.json
+    nice -n 10 .venv/bin/python bench/real_long.py --json --out /tmp/long.json
     .venv/bin/python bench/real_long.py --seeds 1 --steps 2 --eval-size 16    # a smoke run
     .venv/bin/python bench/real_long.py --validate --engines hf --seeds 1 --eval-size 128 \
         --steps 16 --every 8 --set verify.scorer=task        # validation, the exact reward
@@ -70,7 +70,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also evaluate every N steps (the validation curve)")
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="runs at a time, each its own subprocess (2 suited this 2-core machine)")
+                    help="runs at a time, each its own subprocess; keep 1 on a 2-core machine: "
+                         "two vLLM runs at once took 139 s a step each, one alone 30 s")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a further override of the pipeline (e.g. verify.scorer=module:fn)")
     ap.add_argument("--validate", action="store_true",
