@@ -83,7 +83,8 @@ def test_sigterm_cancels_gfcr_run_at_a_step_boundary_and_resume_completes_it(
     root = tmp_path / "root"
     # 40 steps, not fewer: on a loaded machine the poll has seen step 0 only after an
     # 8-step run had finished (CI, 2026-11-29), and then there is nothing left to stop
-    child = _start(tmp_path, 40, env=env)
+    total = 40
+    child = _start(tmp_path, total, env=env)
     run_id = _wait_for_step(root, 0, child)
     child.send_signal(signal.SIGTERM)
     out, err = child.communicate(timeout=300)
@@ -93,16 +94,16 @@ def test_sigterm_cancels_gfcr_run_at_a_step_boundary_and_resume_completes_it(
     status, steps, rows, ids = _stored(root, run_id)
     assert status == "cancelled"
     last = steps[-1]
-    assert steps == list(range(last + 1)) and last < 39 and rows == ids
+    assert steps == list(range(last + 1)) and last < total - 1 and rows == ids
     saved = checkpoint.latest(checkpoint.directory(root, run_id))
     assert saved is not None and saved.step == last  # the last whole step is checkpointed
     assert _flow_run_states(run_id) == ["CANCELLED"]
 
-    resumed = _start(tmp_path, 40, "--resume", run_id, env=env)
+    resumed = _start(tmp_path, total, "--resume", run_id, env=env)
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     status, steps, rows, ids = _stored(root, run_id)
-    assert status == "finished" and steps == list(range(40)) and rows == ids == 40 * 16
+    assert status == "finished" and steps == list(range(total)) and rows == ids == total * 16
     assert sorted(_flow_run_states(run_id)) == ["CANCELLED", "COMPLETED"]
 
 
