@@ -73,7 +73,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="runs at a time, each its own subprocess; keep 1 on a 2-core machine: "
                          "two vLLM runs at once took 139 s a step each, one alone 30 s")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a further override of the pipeline (e.g. verify.scorer=module:fn)")
+                    help="a further override of the pipeline (e.g. verify.scorer=module:fn), "
+                         "after the vLLM runs' engine=vllm: an engine.* is the run's engine's")
     ap.add_argument("--validate", action="store_true",
                     help=f"task seed {VALIDATION_TASK_SEED}: the validation split")
     ap.add_argument("--models", type=Path, default=Path(".gfcr"),
@@ -138,9 +139,9 @@ def _pipeline(args: argparse.Namespace, engine: str) -> Any:
         sets.append(f"grpo.advantage={args.advantage}")
     if args.validate:
         sets.append(f"task.seed={VALIDATION_TASK_SEED}")
-    sets += args.set
-    if engine == "vllm":
+    if engine == "vllm":  # before --set, so that a --set engine.* is the run's engine's
         sets += ["engine=vllm", "engine.max_model_len=1024"]
+    sets += args.set
     data = base.with_overrides(sets).to_dict()
     data["stages"] = arm_stages(data["stages"], args.arm)
     sft = base.warmstart
