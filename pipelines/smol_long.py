@@ -33,13 +33,21 @@ better orders. On 256 validation prompts (19.1% after the warm start, one seed),
 GRPO at 1e-5 with the exact reward went to 23.0% at step 8 and back to 15.2% at step 16;
 with ListOrder's to 23.4% and 25.8% (+6.6, paired standard error 2.4). The 8-step exact
 recipe's validation gain had not held on the held-out prompts (-0.4 +- 2.4 points on the
-HF engine, -2.6 +- 1.2 on vLLM, 3 seeds); this one's held out: +1.7 points on HF (seeds
-+1.2, +2.4, +1.6; 1.1 paired standard errors) and +0.7 +- 1.5 on vLLM. Better than the
-exact reward on both engines, still short of a gain that stands above the prompts' noise.
-BENCHMARKS.md ("Long answers on SmolLM2") has what was tried.
+HF engine, -2.6 +- 1.2 on vLLM, 3 seeds); with 8 prompts a step this one's held out at
++1.7 points on HF and +0.7 +- 1.5 on vLLM: better, still within the prompts' noise.
 
-Cost here (2 cores): the warm start about 15 minutes at moderate load (once, cached), a
-GRPO step of 8 prompts x 4 samples of up to 128 tokens about a minute.
+Why 16 prompts a step: with 8 prompts x 4 samples two GRPO seeds landed 10 points apart
+on the same 128 validation prompts (+4.7, -5.5), a gradient too noisy for lr 1e-5 to
+follow (lr 2e-5 lost 5.5); 16 prompts x 4, the same 16 updates, gained on each of 3
+validation seeds (+8.6, +3.9, +10.9). Held out (task seed 0's 256 prompts, 3 seeds an
+engine, from 19.1%): +3.0 points on HF (seeds +4.3, +0.4, +4.3; standard error 1.3) and
++6.3 on vLLM (+3.5, +5.5, +9.8; 1.8). BENCHMARKS.md ("Long answers on SmolLM2") has
+what was tried.
+
+Cost here (2 cores, one run at a time): the warm start about 7 minutes (15 at moderate
+load; once, cached), a GRPO step of 16 prompts x 4 samples of up to 128 tokens 67-108 s
+on the HF engine and 24-40 s on vLLM; a run with its two 256-prompt evaluations 32-35
+minutes on HF, 11 on vLLM.
 """
 
 from gfcr import Evaluation, Pipeline
@@ -71,13 +79,16 @@ rambles to ``max_tokens`` on every prompt, minutes of generation for a known fig
 LR = 1e-5
 """The learning rate (see the module's docstring)."""
 
+BATCH = 16
+"""Prompts a step, each sampled 4 times (see the module's docstring: 8 was too noisy)."""
+
 pipeline = Pipeline(
     name="smol-long",
     seed=0,
     steps=16,
     **SETUP,
     stages=[
-        UniformSampler(batch=8),
+        UniformSampler(batch=BATCH),
         GroupSample(n=4, temperature=1.0, max_tokens=MAX_TOKENS),
         Verify(scorer=ListOrder()),
         DynamicSampling(),
