@@ -23,8 +23,8 @@ Honest method: choose the learning rate, advantage and step count with ``--valid
 held-out ones the validation split; with ``--every`` the validation curve; the warm start
 is the reported runs' own, trained on task seed 0), then report task seed 0's held-out
 prompts, which chose nothing. The pipeline's recipe (Dr. GRPO at lr 1e-5, ListOrder's
-reward, 16 steps) was chosen this way; ``--set`` tries any other override (BENCHMARKS.md,
-"Long answers on SmolLM2", says what was tried).
+reward, 16 steps of 16 prompts) was chosen this way; ``--set`` tries any other override
+(BENCHMARKS.md, "Long answers on SmolLM2", says what was tried).
 
     nice -n 10 .venv/bin/python bench/real_long.py --json --out /tmp/long.json
     .venv/bin/python bench/real_long.py --seeds 1 --steps 2 --eval-size 16    # a smoke run
