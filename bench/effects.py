@@ -35,7 +35,7 @@ The held-out prompts are the task's own (smol-long: 256 held out; smol-agent: th
 half, 256-511), never used to choose anything here.
 
 Cost on this 2-core machine, one run at a time (a GRPO step of smol-long's 16 prompts x 4
-on the HF engine 70-110 s, an evaluation of 256 prompts about 5 minutes): the defaults are
+on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the defaults are
 about 7 hours; ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 
