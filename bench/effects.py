@@ -10,9 +10,10 @@ SmolLM2-135M-Instruct side by side with its baseline in this one invocation, as 
   process's CPU clock; the wall clock's beside it), APRIL over synchronous;
   ``april_step_time_ratio``: the mean wall time of a step (generation, scoring, the
   store's commit). Standard errors over ``--repeats``.
-- ``overlong``, ``prune``, ``tree``: ``smol-long`` trained ``--steps`` GRPO steps as it is
-  and with the operator (bench/real_long.py ``--arm``), same seeds (so the same prompts
-  each step) and the same cached warm start, HF engine, each run a subprocess.
+- ``overlong``, ``prune``, ``tree``: ``smol-long`` trained ``--steps`` GRPO steps (its own
+  16 by default, the recipe that gains on held-out prompts) as it is and with the
+  operator (bench/real_long.py ``--arm``), same seeds (so the same prompts each step) and
+  the same cached warm start, on ``--engine`` (HF by default), each run a subprocess.
   ``overlong_length_ratio``: mean sampled completion tokens over the second half of the
   steps, with DAPO's soft overlong punishment over without; ``overlong_eval_length_ratio``
   the same for the greedy held-out answers after training; ``overlong_accuracy_diff``:
@@ -36,7 +37,8 @@ half, 256-511), never used to choose anything here.
 
 Cost on this 2-core machine, one run at a time (a GRPO step of smol-long's 16 prompts x 4
 on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the defaults are
-about 7 hours; ``--only`` picks effects,
+about 7 hours; ``--engine vllm`` runs the smol-long arms on vLLM's CPU build (a step 24-40
+s, a run about 11 minutes), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 
     nice -n 10 .venv/bin/python bench/effects.py --json --out /tmp/effects.json
@@ -84,7 +86,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="also write the JSON object here (after each effect)")
     ap.add_argument("--only", default=",".join(EFFECTS), help="comma-separated effects")
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per arm")
-    ap.add_argument("--steps", type=int, default=10, help="smol-long GRPO steps per arm")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="smol-long GRPO steps per arm (default: the pipeline's)")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                    help="the smol-long arms' engine (APRIL and GiGPO run on HF)")
     ap.add_argument("--eval-size", type=int, default=256, help="smol-long held-out prompts")
     ap.add_argument("--repeats", type=int, default=3, help="APRIL: interleaved repeats")
     ap.add_argument("--april-steps", type=int, default=4, help="APRIL: steps per repeat")
@@ -153,14 +158,15 @@ def april(args: argparse.Namespace) -> dict[str, Any]:
 def long_runs(args: argparse.Namespace, arms: list[str],
               done: Callable[[dict[str, list[dict[str, Any]]]], None]) -> dict[str, list[dict[str, Any]]]:
     """smol-long as it is and with each arm's operator, seeds outermost (a cut run still
-    compares like with like), each a bench/real_long.py child on the HF engine;
+    compares like with like), each a bench/real_long.py child on ``--engine``;
     ``done(runs)`` after each run (``--out`` keeps what a cut invocation ran)."""
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ["grpo", *arms]}
     for seed in range(args.seeds):
         for arm in runs:
-            argv = ["--arm", arm, "--steps", str(args.steps), "--eval-size",
-                    str(args.eval_size), "--models", str(args.models), "--cache",
-                    str(args.cache), "--one", "hf", "--seed", str(seed)]
+            steps = [] if args.steps is None else ["--steps", str(args.steps)]
+            argv = ["--arm", arm, *steps, "--eval-size", str(args.eval_size), "--models",
+                    str(args.models), "--cache", str(args.cache), "--one", args.engine,
+                    "--seed", str(seed)]
             run = _runs.child(HERE.with_name("real_long.py"), argv, f"{arm} seed {seed}")
             runs[arm].append(run)
             print(f"  {arm} seed {seed}: {run['accuracy_start']:.3f} -> "
