@@ -24,6 +24,14 @@ whatever of the row's ``reward`` they do not account for earned at the last step
 standard deviations are the sample ones (ddof=1) with GRPO's 1e-6, as the trainer's
 ``grpo`` estimator (stages.advantages) computes them.
 
+When it helps: where trajectories meet the same state again with different futures
+(the paper's ALFWorld rooms and WebShop pages). In two-turn episodes rewarded at the end
+(a tool call, then an answer: ``smol-agent``) a tool's answer recurs only for episodes
+that ran the same code, which mostly answer alike, so nearly every step group after the
+prompt is a singleton or shares one return: the advantages are nearly GRPO's with the
+first turn's weighted ``1 + omega``, and on that task it trained as GRPO did
+(BENCHMARKS.md, "Rollout effects on SmolLM2").
+
 >>> GiGPO(omega=1.0, gamma=0.95)  # doctest: +ELLIPSIS
 GiGPO(name=None, type='gigpo', omega=1.0, gamma=0.95, normalize='std')
 """
