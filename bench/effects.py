@@ -37,9 +37,10 @@ half, 256-511), never used to choose anything here.
 
 Cost on this 2-core machine, one run at a time (a GRPO step of smol-long's 16 prompts x 4
 on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the defaults are
-about 7 hours; ``--engine vllm`` runs the smol-long arms on vLLM's CPU build (a plain run about
-12 minutes, with pruning 18, with trees 30: their segments prefill again; 3 seeds about
-3.5 hours), ``--only`` picks effects,
+about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour);
+``--engine vllm`` runs those arms on vLLM's CPU build (a plain run 12 minutes, with the
+overlong penalty 16, pruning 18, trees 30: their segments prefill again; 3 seeds about 4
+hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 
     nice -n 10 .venv/bin/python bench/effects.py --json --out /tmp/effects.json
