@@ -42,8 +42,14 @@ about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour)
 overlong penalty 16, pruning 18, trees 30: their segments prefill again; 3 seeds about 4
 hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
+``--out`` is written after every run and ``--resume`` takes it up again: the runs it holds
+are kept, the missing (arm, seed) runs run, each new run tagged with its commit. The
+3-seed vLLM measurement in BENCHMARKS.md outlasts a sitting; its runs are in
+bench/results/effects-long-vllm.json.
 
     nice -n 10 .venv/bin/python bench/effects.py --json --out /tmp/effects.json
+    F=bench/results/effects-long-vllm.json; nice -n 10 .venv/bin/python bench/effects.py \
+        --only overlong,prune,tree --engine vllm --resume $F --out $F --json
     .venv/bin/python bench/effects.py --only april --repeats 3 --json
     .venv/bin/python bench/effects.py --smoke
 """
@@ -54,6 +60,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -85,7 +92,10 @@ SMOKE = {"seeds": 1, "steps": 1, "eval_size": 8, "repeats": 1, "april_steps": 2,
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--out", type=Path, help="also write the JSON object here (after each effect)")
+    ap.add_argument("--out", type=Path, help="also write the JSON object here (after each run)")
+    ap.add_argument("--resume", type=Path,
+                    help="an earlier --out with the same smol-long settings: its runs are "
+                         "kept, only the (arm, seed) runs it lacks run")
     ap.add_argument("--only", default=",".join(EFFECTS), help="comma-separated effects")
     ap.add_argument("--seeds", type=int, default=3, help="training seeds per arm")
     ap.add_argument("--steps", type=int, default=None,
@@ -157,23 +167,72 @@ def april(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- smol-long arms
 
 
+RESUME_KEYS = ("steps", "engine", "eval_size")
+"""The settings a kept run depends on: ``--resume`` refuses a file that differs in one."""
+
+
+def earlier_runs(args: argparse.Namespace) -> dict[str, dict[int, dict[str, Any]]]:
+    """The smol-long runs of ``--resume``'s file (an earlier ``--out``) by arm and seed, so
+    a measurement longer than one sitting goes on where it was cut; the file must have been
+    made with this invocation's ``RESUME_KEYS``."""
+    if args.resume is None:
+        return {}
+    try:
+        data = json.loads(args.resume.read_text())
+        theirs, kept = data["settings"], data.get("long_runs", {})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--resume {args.resume}: not an --out of bench/effects.py ({e!r})")
+    differ = {k: (theirs.get(k), str(getattr(args, k))) for k in RESUME_KEYS
+              if theirs.get(k) != str(getattr(args, k))}
+    if differ:
+        raise SystemExit(f"--resume {args.resume}: made with other settings (file, now): "
+                         f"{differ}; its runs would not compare with new ones")
+    return {arm: {r["seed"]: r for r in runs} for arm, runs in kept.items()}
+
+
+CODE = ("gfcr", "stages", "store", "pipelines", "bench/*.py", "pyproject.toml")
+"""What a run's figures depend on (not ``bench/results``, where its ``--out`` may live)."""
+
+
+def _commit() -> str | None:
+    """This checkout's commit, ``+dirty`` when the tree has changes: each new run's
+    provenance, since a resumed measurement spans sittings."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=HERE.parent, capture_output=True,
+                              text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+    return (head + ("+dirty" if dirty else "")) if head else None
+
+
+def _long_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
+    """One bench/real_long.py child: ``arm`` on ``--engine`` under ``seed``."""
+    steps = [] if args.steps is None else ["--steps", str(args.steps)]
+    argv = ["--arm", arm, *steps, "--eval-size", str(args.eval_size), "--models",
+            str(args.models), "--cache", str(args.cache), "--one", args.engine,
+            "--seed", str(seed)]
+    run = _runs.child(HERE.with_name("real_long.py"), argv, f"{arm} seed {seed}")
+    print(f"  {arm} seed {seed}: {run['accuracy_start']:.3f} -> {run['accuracy_final']:.3f}, "
+          f"{sum(run['tokens']):.0f} tokens ({run['run_seconds']:.0f} s)", file=sys.stderr)
+    return run
+
+
 def long_runs(args: argparse.Namespace, arms: list[str],
-              done: Callable[[dict[str, list[dict[str, Any]]]], None]) -> dict[str, list[dict[str, Any]]]:
+              done: Callable[[dict[str, list[dict[str, Any]]]], None],
+              kept: dict[str, dict[int, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """smol-long as it is and with each arm's operator, seeds outermost (a cut run still
     compares like with like), each a bench/real_long.py child on ``--engine``;
-    ``done(runs)`` after each run (``--out`` keeps what a cut invocation ran)."""
+    ``kept`` runs (``earlier_runs``) are not run again; ``done(runs)`` after each run
+    (``--out`` keeps what a cut invocation ran)."""
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ["grpo", *arms]}
+    commit = _commit()
     for seed in range(args.seeds):
         for arm in runs:
-            steps = [] if args.steps is None else ["--steps", str(args.steps)]
-            argv = ["--arm", arm, *steps, "--eval-size", str(args.eval_size), "--models",
-                    str(args.models), "--cache", str(args.cache), "--one", args.engine,
-                    "--seed", str(seed)]
-            run = _runs.child(HERE.with_name("real_long.py"), argv, f"{arm} seed {seed}")
-            runs[arm].append(run)
-            print(f"  {arm} seed {seed}: {run['accuracy_start']:.3f} -> "
-                  f"{run['accuracy_final']:.3f}, {sum(run['tokens']):.0f} tokens "
-                  f"({run['run_seconds']:.0f} s)", file=sys.stderr)
+            if seed in kept.get(arm, {}):
+                runs[arm].append(kept[arm][seed])
+                print(f"  {arm} seed {seed}: kept from {args.resume}", file=sys.stderr)
+            else:
+                runs[arm].append({**_long_run(args, arm, seed), "commit": commit})
             done(runs)
     return runs
 
@@ -303,9 +362,10 @@ def _num(value: Any) -> str:
 def main() -> None:
     args = _args()
     only = [e for e in EFFECTS if e in args.only.split(",")]
+    kept = earlier_runs(args)
     result: dict[str, Any] = {"effects": only, "paper": {e: PAPER[e] for e in only},
                               "settings": {k: str(v) for k, v in vars(args).items()
-                                           if k not in ("json", "out")}}
+                                           if k not in ("json", "out", "resume")}}
 
     def save() -> None:
         if args.out:
@@ -319,7 +379,7 @@ def main() -> None:
             result["long_runs"] = {k: [{x: y for x, y in r.items() if x != "lengths"}
                                        for r in v] for k, v in runs.items()}
             save()
-        runs = long_runs(args, arms, keep)
+        runs = long_runs(args, arms, keep, kept)
         for arm in arms:
             result.update(overlong(runs) if arm == "overlong" else savings(runs, arm))
         save()
