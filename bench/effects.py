@@ -237,6 +237,17 @@ def long_runs(args: argparse.Namespace, arms: list[str],
     return runs
 
 
+def warm_starts(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every run's held-out accuracy after the warm start: one value where all started
+    from the same weights (a resumed run on another machine trains its warm start anew;
+    a different value says the arms did not start alike, and the note says so)."""
+    starts = sorted({r["accuracy_start"] for rs in runs.values() for r in rs})
+    out: dict[str, Any] = {"warm_start_accuracy": starts}
+    if len(starts) > 1:
+        out["warm_start_note"] = f"the runs started from {len(starts)} different warm starts"
+    return out
+
+
 def _second_half(run: dict[str, Any]) -> float:
     lengths = run["step_lengths"]
     return statistics.fmean(lengths[len(lengths) // 2:])
@@ -352,6 +363,8 @@ def table(result: dict[str, Any]) -> str:
                          + (PAPER[effect] if key == HEADLINES[effect][0] else ""))
         if result.get(f"{effect}_note"):
             lines.append(f"  note: {result[f'{effect}_note']}")
+    if result.get("warm_start_note"):
+        lines.append(f"note: {result['warm_start_note']}")
     return "\n".join(lines)
 
 
@@ -380,6 +393,7 @@ def main() -> None:
                                        for r in v] for k, v in runs.items()}
             save()
         runs = long_runs(args, arms, keep, kept)
+        result.update(warm_starts(runs))
         for arm in arms:
             result.update(overlong(runs) if arm == "overlong" else savings(runs, arm))
         save()

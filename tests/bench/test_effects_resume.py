@@ -55,6 +55,7 @@ def test_kept_runs_are_not_run_again_and_give_the_figures(tmp_path, earlier):
     assert result["overlong_eval_length_ratio"] == pytest.approx(0.5)
     assert result["overlong_accuracy_diff"] == 0.0 and result["overlong_equal_accuracy"]
     assert result["long_runs"] == json.loads(earlier.read_text())["long_runs"]
+    assert result["warm_start_accuracy"] == [0.0] and "warm_start_note" not in result
     assert json.loads(out.read_text()) == result
     assert done.stderr.count(f"kept from {earlier}") == 4
 
