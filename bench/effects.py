@@ -38,9 +38,9 @@ half, 256-511), never used to choose anything here.
 Cost on this 2-core machine, one run at a time (a GRPO step of smol-long's 16 prompts x 4
 on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the defaults are
 about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour);
-``--engine vllm`` runs those arms on vLLM's CPU build (a plain run 12 minutes, with the
-overlong penalty 16, pruning 18, trees 30: their segments prefill again; 3 seeds about 4
-hours), ``--only`` picks effects,
+``--engine vllm`` runs those arms on vLLM's CPU build (a plain run 12-21 minutes, with
+the overlong penalty 16-23, pruning 18-27, trees 30-43: their segments prefill again; 3
+seeds 4-6 hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 ``--out`` is written after every run and ``--resume`` takes it up again: the runs it holds
 are kept, the missing (arm, seed) runs run, each new run tagged with its commit. The
