@@ -42,10 +42,8 @@ about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour)
 the overlong penalty 16-23, pruning 18-27, trees 30-43: their segments prefill again; 3
 seeds 4-6 hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
-``--out`` is written after every run and ``--resume`` takes it up again: the runs it holds
-are kept, the missing (arm, seed) runs run, each new run tagged with its commit. The
-3-seed vLLM measurement in BENCHMARKS.md outlasts a sitting; its runs are in
-bench/results/effects-long-vllm.json.
+``--out`` is written after every run, ``--resume`` goes on from it (BENCHMARKS.md's 3-seed
+vLLM run outlasts a sitting: bench/results/effects-long-vllm.json holds its runs).
 
     nice -n 10 .venv/bin/python bench/effects.py --json --out /tmp/effects.json
     F=bench/results/effects-long-vllm.json; nice -n 10 .venv/bin/python bench/effects.py \
@@ -167,14 +165,12 @@ def april(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- smol-long arms
 
 
-RESUME_KEYS = ("steps", "engine", "eval_size")
-"""The settings a kept run depends on: ``--resume`` refuses a file that differs in one."""
+RESUME_KEYS = ("steps", "engine", "eval_size")  # what a kept run depends on
 
 
 def earlier_runs(args: argparse.Namespace) -> dict[str, dict[int, dict[str, Any]]]:
-    """The smol-long runs of ``--resume``'s file (an earlier ``--out``) by arm and seed, so
-    a measurement longer than one sitting goes on where it was cut; the file must have been
-    made with this invocation's ``RESUME_KEYS``."""
+    """The smol-long runs of ``--resume``'s file (an earlier ``--out``) by arm and seed;
+    a file made with other ``RESUME_KEYS`` is refused."""
     if args.resume is None:
         return {}
     try:
@@ -190,13 +186,11 @@ def earlier_runs(args: argparse.Namespace) -> dict[str, dict[int, dict[str, Any]
     return {arm: {r["seed"]: r for r in runs} for arm, runs in kept.items()}
 
 
-CODE = ("gfcr", "stages", "store", "pipelines", "bench/*.py", "pyproject.toml")
-"""What a run's figures depend on (not ``bench/results``, where its ``--out`` may live)."""
+CODE = ("gfcr", "stages", "store", "pipelines", "bench/*.py", "pyproject.toml")  # not results
 
 
 def _commit() -> str | None:
-    """This checkout's commit, ``+dirty`` when the tree has changes: each new run's
-    provenance, since a resumed measurement spans sittings."""
+    """This checkout's commit (``+dirty`` with changes to ``CODE``): a new run's provenance."""
     def git(*argv: str) -> str:
         return subprocess.run(["git", *argv], cwd=HERE.parent, capture_output=True,
                               text=True).stdout.strip()
@@ -221,9 +215,8 @@ def long_runs(args: argparse.Namespace, arms: list[str],
               done: Callable[[dict[str, list[dict[str, Any]]]], None],
               kept: dict[str, dict[int, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """smol-long as it is and with each arm's operator, seeds outermost (a cut run still
-    compares like with like), each a bench/real_long.py child on ``--engine``;
-    ``kept`` runs (``earlier_runs``) are not run again; ``done(runs)`` after each run
-    (``--out`` keeps what a cut invocation ran)."""
+    compares like with like), each a bench/real_long.py child on ``--engine``; ``kept``
+    runs are not run again; ``done(runs)`` after each (``--out`` keeps a cut run's)."""
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ["grpo", *arms]}
     commit = _commit()
     for seed in range(args.seeds):
@@ -239,8 +232,7 @@ def long_runs(args: argparse.Namespace, arms: list[str],
 
 def warm_starts(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Every run's held-out accuracy after the warm start: one value where all started
-    from the same weights (a resumed run on another machine trains its warm start anew;
-    a different value says the arms did not start alike, and the note says so)."""
+    alike (a resumed run on another machine trains its warm start anew)."""
     starts = sorted({r["accuracy_start"] for rs in runs.values() for r in rs})
     out: dict[str, Any] = {"warm_start_accuracy": starts}
     if len(starts) > 1:
