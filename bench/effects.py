@@ -39,7 +39,7 @@ Cost on this 2-core machine, one run at a time (a GRPO step of smol-long's 16 pr
 on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the defaults are
 about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour);
 ``--engine vllm`` runs those arms on vLLM's CPU build (a plain run 12-21 minutes, with
-the overlong penalty 16-23, pruning 18-27, trees 30-43: their segments prefill again; 3
+the overlong penalty 15-23, pruning 17-27, trees 29-43: their segments prefill again; 3
 seeds 4-6 hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 ``--out`` is written after every run, ``--resume`` goes on from it (BENCHMARKS.md's 3-seed
