@@ -40,7 +40,7 @@ on the HF engine 67-108 s, an evaluation of 256 prompts about 5 minutes): the de
 about 9 hours, the smol-long arms 8 of them (APRIL half an hour, GiGPO one hour);
 ``--engine vllm`` runs those arms on vLLM's CPU build (a plain run 12-21 minutes, with
 the overlong penalty 15-23, pruning 17-27, trees 29-43: their segments prefill again; 3
-seeds 4-6 hours), ``--only`` picks effects,
+seeds 3.5-6 hours), ``--only`` picks effects,
 ``--smoke`` checks the wiring in about 20 minutes (after the warm starts are cached).
 ``--out`` is written after every run, ``--resume`` goes on from it (BENCHMARKS.md's 3-seed
 vLLM run outlasts a sitting: bench/results/effects-long-vllm.json holds its runs).

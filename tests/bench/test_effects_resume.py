@@ -1,5 +1,5 @@
 """bench/effects.py ``--resume``: a smol-long effects measurement longer than one sitting
-(3 seeds of 4 arms are 4-6 hours here) goes on from an earlier ``--out``. The kept runs
+(3 seeds of 4 arms are 3.5-6 hours here) goes on from an earlier ``--out``. The kept runs
 are not run again and the figures are computed from them as from fresh ones; a file made
 with other settings is refused, naming the setting."""
 
